@@ -1,0 +1,88 @@
+"""``ernie5 bench decode``: KV-cache decoding tokens/s of the nano model and its sub-models.
+
+A randomly initialised nano model (perf-anchors.md shape) greedily decodes ``new_tokens`` tokens
+after a 32-token prompt, batch 1, in fp32 and bf16. ``tokens_per_s`` counts decode steps only
+(the prompt's prefill is timed separately as ``prefill_ms``). Sub-models: the full model,
+top-k 25 % (k=1 of 2, i.e. the smallest top-k), depth 75 %, width 50 %, and the combined
+``d0.75-w0.5-k1`` physically extracted into a standalone model. ``speedup`` is relative to the
+full model in the same dtype; ``ideal_speedup`` is the ratio of forward FLOPs per token
+(``ernie5.params``, at the mean context of the run); ``fraction_of_ideal = speedup /
+ideal_speedup`` and the stricter ``gain_fraction_of_ideal = (speedup - 1) / (ideal_speedup - 1)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ernie5.bench.timing import environment, median_seconds
+from ernie5.extract import extract_subnet
+from ernie5.generate import generate
+from ernie5.model.config import ModelConfig
+from ernie5.model.elastic import resolve
+from ernie5.model.model import Ernie5Model
+from ernie5.params import count_params
+
+SUBNETS = ("full", "k0.25", "d0.75", "w0.5", "d0.75-w0.5-k1")
+
+
+def _nano() -> ModelConfig:
+    from ernie5.config import from_dict, read_yaml
+    from ernie5.presets import resolve_config_path
+
+    return from_dict(ModelConfig, read_yaml(resolve_config_path("nano"))["model"])
+
+
+def bench_decode(
+    repeats: int = 5, new_tokens: int = 64, prompt_len: int = 32, dtypes=("fp32", "bf16")
+) -> dict:
+    """Run the benchmark; returns ``{"subnets": [...], ...}`` (one entry per subnet and dtype)."""
+    cfg = _nano()
+    torch.manual_seed(0)
+    base = Ernie5Model(cfg).eval()
+    prompt = torch.randint(16, cfg.vocab_size, (prompt_len,)).tolist()
+    ctx = prompt_len + new_tokens
+    rows = []
+    for dt_name in dtypes:
+        dtype = torch.bfloat16 if dt_name == "bf16" else torch.float32
+        model = base.to(dtype) if dtype != torch.float32 else base
+        full_flops = count_params(cfg, None, ctx).flops_per_token
+        full_tps = None
+        for spec in SUBNETS:
+            sub = resolve(spec, cfg)
+            if spec == "d0.75-w0.5-k1":
+                runner, run_sub, label = extract_subnet(model, sub).eval(), None, f"{spec} (extracted)"
+            else:
+                runner, run_sub, label = model, sub, spec
+            prefill_s = median_seconds(
+                lambda r=runner, s=run_sub: generate(r, [prompt], 1, subnet=s), repeats
+            )
+            total_s = median_seconds(
+                lambda r=runner, s=run_sub: generate(r, [prompt], new_tokens, subnet=s), repeats, warmup=1
+            )
+            tps = (new_tokens - 1) / max(total_s - prefill_s, 1e-9)
+            if spec == "full":
+                full_tps = tps
+            flops = count_params(cfg, sub, ctx).flops_per_token
+            rows.append(
+                {
+                    "spec": label,
+                    "dtype": dt_name,
+                    "tokens_per_s": tps,
+                    "prefill_ms": prefill_s * 1e3,
+                    "speedup": tps / full_tps,
+                    "ideal_speedup": full_flops / flops,
+                    "fraction_of_ideal": (tps / full_tps) / (full_flops / flops),
+                    "gain_fraction_of_ideal": (tps / full_tps - 1) / (full_flops / flops - 1)
+                    if flops < full_flops
+                    else None,
+                    "active_params": count_params(cfg, sub, ctx).active_params,
+                }
+            )
+    return {
+        "shape": "nano",
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "subnets": rows,
+        "env": environment(),
+        "target": "k0.25: fraction_of_ideal = speedup / ideal_speedup >= 0.8",
+    }

@@ -1,0 +1,101 @@
+"""``ernie5 bench moe``: one MoE layer's forward+backward against a dense chain and the naive loop.
+
+Shape: the nano MoE layer (d_model 256, 64 experts x 256, top-2) on ``tokens`` tokens (default
+2048 = 8 x 256, as perf-anchors.md). Per dtype:
+  * ``moe_ms``: the layer (router + experts, the ``sorted`` dispatch) forward + backward;
+  * ``dense_ms``: a dense SwiGLU chain doing the same active expert FLOPs (``tokens * top_k`` rows
+    through D -> 2F -> F -> D) forward + backward;
+  * ``loop_ms``: the same layer with the naive per-expert loop;
+  * ``dense_equiv_ratio = dense_ms / moe_ms`` (1.0 = as fast as dense), ``loop_speedup =
+    loop_ms / moe_ms``.
+``bf16`` holds bf16 weights and inputs; ``bf16_autocast`` fp32 weights under CPU autocast (the
+training setting); ``fp32`` plain fp32. Gradients are reset to None before every repeat.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ernie5.bench.timing import environment, matmul_peak, median_seconds
+from ernie5.model.config import MoEConfig
+from ernie5.model.moe import MoE
+
+
+def _moe_step(layer: MoE, x: torch.Tensor, dispatch: str, autocast: bool):
+    def step():
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y, _ = layer(x, dispatch=dispatch)
+        y.float().sum().backward()
+
+    return step
+
+
+def _dense_step(n_rows: int, d: int, f: int, dtype: torch.dtype, autocast: bool):
+    x = torch.randn(n_rows, d, dtype=dtype, requires_grad=True)
+    w13 = (torch.randn(2 * f, d, dtype=dtype) * 0.02).requires_grad_()
+    w2 = (torch.randn(d, f, dtype=dtype) * 0.02).requires_grad_()
+
+    def step():
+        x.grad = w13.grad = w2.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            g, u = F.linear(x, w13).chunk(2, dim=-1)
+            y = F.linear(F.silu(g) * u, w2)
+        y.float().sum().backward()
+
+    return step
+
+
+def bench_moe(tokens: int = 2048, repeats: int = 5, d_model: int = 256, loop_repeats: int = 2) -> dict:
+    """Run the benchmark; returns ``{"bf16": {...}, "bf16_autocast": {...}, "fp32": {...}, ...}``."""
+    cfg = MoEConfig(n_experts=64, d_expert=256, top_k=2)
+    torch.manual_seed(0)
+    base = MoE(d_model, cfg)
+    for p in base.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    x0 = torch.randn(tokens // 256 or 1, min(tokens, 256), d_model)
+    out: dict = {
+        "shape": {
+            "tokens": x0.numel() // d_model,
+            "d_model": d_model,
+            "n_experts": cfg.n_experts,
+            "d_expert": cfg.d_expert,
+            "top_k": cfg.top_k,
+        },
+        "env": environment(),
+    }
+    flops = 6 * x0.numel() // d_model * cfg.top_k * 3 * d_model * cfg.d_expert
+    for name, dtype, autocast in (
+        ("bf16", torch.bfloat16, False),
+        ("bf16_autocast", torch.float32, True),
+        ("fp32", torch.float32, False),
+    ):
+        layer = MoE(d_model, cfg).to(dtype)
+        layer.load_state_dict(base.state_dict())
+        x = x0.to(dtype).requires_grad_()
+        moe_s = median_seconds(_moe_step(layer, x, "sorted", autocast), repeats)
+        dense_s = median_seconds(
+            _dense_step(x0.numel() // d_model * cfg.top_k, d_model, cfg.d_expert, dtype, autocast), repeats
+        )
+        loop_s = median_seconds(_moe_step(layer, x, "loop", autocast), loop_repeats, warmup=1)
+        with torch.no_grad():
+            _, r = layer(x.detach())
+        counts = r.counts_E.float()
+        out[name] = {
+            "moe_ms": moe_s * 1e3,
+            "dense_ms": dense_s * 1e3,
+            "loop_ms": loop_s * 1e3,
+            "dense_equiv_ratio": dense_s / moe_s,
+            "loop_speedup": loop_s / moe_s,
+            "expert_gflops_per_s": flops / moe_s / 1e9,
+            "dense_gflops_per_s": flops / dense_s / 1e9,
+            "load_max_over_mean": float(counts.max() / counts.mean()),
+        }
+    out["matmul_peak_gflops"] = {
+        "bf16": matmul_peak(torch.bfloat16) / 1e9,
+        "fp32": matmul_peak(torch.float32) / 1e9,
+    }
+    out["targets"] = {"bf16.dense_equiv_ratio": ">= 0.8", "bf16.loop_speedup": ">= 1.5"}
+    return out

@@ -1,0 +1,271 @@
+"""The one command-line entry: ``ernie5 <command>``.
+
+Each subcommand parses its arguments and calls one library function. Bad input is a one-line
+``ernie5 <command>: error: ...`` on stderr with exit code 2 and no traceback.
+
+This module is the only place in ``ernie5`` that reaches into ``train``, ``evals`` and ``reports``
+(lazily, inside the command handlers); the model library itself never imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+class CLIError(Exception):
+    """A user error reported as one line with exit code 2."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from ernie5.checkpoint import CheckpointError
+    from ernie5.config import ConfigError
+    from ernie5.data.root import DataMissing
+    from ernie5.model.elastic import SubnetError
+    from ernie5.tokenizers.text import TokenizerError
+
+    errors: list[type[BaseException]] = [
+        CLIError,
+        ConfigError,
+        SubnetError,
+        CheckpointError,
+        DataMissing,
+        TokenizerError,
+    ]
+    try:
+        from train.loop import RunError
+
+        errors.append(RunError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _load_run_config(config: str, overrides: list[str]):
+    from ernie5.config import load
+    from ernie5.presets import resolve_config_path
+    from train.config import RunConfig
+
+    return load(RunConfig, resolve_config_path(config), overrides)
+
+
+def _load_model_config(args):
+    """ModelConfig from --config (preset/file, `model:` section) or --checkpoint (config.yaml)."""
+    from ernie5.config import ConfigError, apply_overrides, from_dict, read_yaml
+    from ernie5.model.config import ModelConfig
+    from ernie5.presets import resolve_config_path
+
+    if args.checkpoint:
+        from ernie5.checkpoint import resolve_checkpoint
+
+        path = resolve_checkpoint(args.checkpoint)
+        data = read_yaml(path / "config.yaml")
+        return from_dict(ModelConfig, apply_overrides(data, args.set or [])), path
+    data = read_yaml(resolve_config_path(args.config))
+    model_data = data.get("model", {})
+    if not isinstance(model_data, dict):
+        raise ConfigError("model: expected a mapping")
+    overrides = [s[len("model.") :] for s in (args.set or []) if s.startswith("model.")]
+    bad = [s for s in (args.set or []) if not s.startswith("model.")]
+    if bad:
+        raise CLIError(f"--set {bad[0]!r}: only model.* keys apply to `params`")
+    try:
+        return from_dict(ModelConfig, apply_overrides(model_data, overrides)), None
+    except ConfigError as e:
+        raise ConfigError(f"model.{e}") from None
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+# ---------------------------------------------------------------------------- commands
+def cmd_train(args) -> int:
+    """``ernie5 train``."""
+    from train.loop import pretrain
+
+    cfg = _load_run_config(args.config, args.set or [])
+    last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
+    if last:
+        print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
+    return 0
+
+
+def cmd_params(args) -> int:
+    """``ernie5 params``."""
+    from ernie5.model.elastic import resolve
+    from ernie5.params import count_params
+
+    if bool(args.config) == bool(args.checkpoint):
+        raise CLIError("give exactly one of --config or --checkpoint")
+    cfg, path = _load_model_config(args)
+    subnet = resolve(args.subnet, cfg) if args.subnet else None
+    report = count_params(cfg, subnet, args.seq_len).to_dict()
+    report = {"subnet": subnet.name if subnet else "full", **report}
+    if args.json:
+        _print_json(report)
+    else:
+        for k, v in report.items():
+            if isinstance(v, float) and k == "activation_rate":
+                v = f"{v * 100:.3f} %"
+            elif isinstance(v, int | float) and not isinstance(v, bool) and abs(v) >= 1000:
+                v = f"{v:,.0f}"
+            print(f"{k:28s} {v}")
+    return 0
+
+
+def cmd_extract(args) -> int:
+    """``ernie5 extract``."""
+    from ernie5.serve import extract_checkpoint
+
+    out = Path(args.out)
+    if out.exists():
+        raise CLIError(f"--out {out} already exists; choose a new folder (nothing is overwritten)")
+    report = extract_checkpoint(args.checkpoint, args.subnet, out, data_dir=args.data_dir)
+    _print_json(report)
+    return 0
+
+
+def cmd_generate(args) -> int:
+    """``ernie5 generate``."""
+    from ernie5.serve import generate_text
+
+    text, info = generate_text(
+        args.checkpoint,
+        args.prompt,
+        subnet=args.subnet,
+        max_new_tokens=args.max_new_tokens,
+        speculative=args.speculative,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    print(text)
+    if info:
+        print(json.dumps(info), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """``ernie5 bench moe|decode|train``."""
+    if args.what == "moe":
+        from ernie5.bench.moe import bench_moe
+
+        result = bench_moe(tokens=args.tokens, repeats=args.repeats)
+    elif args.what == "decode":
+        from ernie5.bench.decode import bench_decode
+
+        result = bench_decode(repeats=args.repeats, new_tokens=args.new_tokens)
+    else:
+        from train.bench import bench_train
+
+        result = bench_train(repeats=args.repeats)
+    if args.json:
+        _print_json(result)
+    else:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_nightly(args) -> int:
+    """``ernie5 nightly``: the main job."""
+    from evals.nightly import run_nightly
+
+    run_nightly(
+        checkpoint=args.checkpoint,
+        suite=args.suite,
+        data_dir=args.data_dir,
+        out=args.out,
+        baseline=getattr(args, "baseline", None),
+        quiet=args.quiet,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of every command."""
+    p = argparse.ArgumentParser(prog="ernie5", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser("train", help="pretrain a model (elastic sampling, MTP, aux-free balancing)")
+    t.add_argument("--config", required=True, help="preset name (micro, nano) or a run-config YAML file")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
+    t.add_argument("--out", required=True, help="run folder to create (or continue with --resume)")
+    t.add_argument(
+        "--resume", action="store_true", help="continue from the run folder's newest complete checkpoint"
+    )
+    t.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(fn=cmd_train)
+
+    pa = sub.add_parser("params", help="total/active params, activation rate and FLOPs per token")
+    pa.add_argument("--config", help="preset name or run-config YAML")
+    pa.add_argument("--checkpoint", help="checkpoint folder or run folder (its newest checkpoint)")
+    pa.add_argument("--subnet", help="elastic sub-model, e.g. d0.75-w0.5-k1")
+    pa.add_argument("--set", action="append", metavar="KEY=VALUE", help="override model.* values")
+    pa.add_argument(
+        "--seq-len", type=int, default=None, help="context for attention FLOPs (default: max_seq_len)"
+    )
+    pa.add_argument("--json", action="store_true", help="print JSON")
+    pa.set_defaults(fn=cmd_params)
+
+    e = sub.add_parser("extract", help="write a standalone checkpoint of a sub-model (physically sliced)")
+    e.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder")
+    e.add_argument("--subnet", required=True, help="sub-model spec, e.g. d0.75-w0.5-k1")
+    e.add_argument("--out", required=True, help="new checkpoint folder")
+    e.add_argument("--data-dir", help="data root for importance calibration text (optional)")
+    e.set_defaults(fn=cmd_extract)
+
+    g = sub.add_parser("generate", help="generate text from a checkpoint (optionally a sub-model)")
+    g.add_argument("--checkpoint", required=True)
+    g.add_argument("--subnet", default=None)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--speculative", action="store_true", help="MTP self-speculative decoding (greedy)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(fn=cmd_generate)
+
+    b = sub.add_parser("bench", help="benchmarks printing JSON (medians over repeats)")
+    b.add_argument("what", choices=["moe", "decode", "train"])
+    b.add_argument("--json", action="store_true", help="print JSON only")
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--tokens", type=int, default=2048, help="moe: tokens per forward")
+    b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
+    b.set_defaults(fn=cmd_bench)
+
+    n = sub.add_parser("nightly", help="the main job: train or reuse a model, sweep the nightly suite")
+    n.add_argument("--checkpoint", help="evaluate this checkpoint instead of training one")
+    n.add_argument("--suite", default="nightly", help="suite name or YAML file")
+    n.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    n.add_argument("--out", default=None, help="run folder (default: runs/nightly-<date>)")
+    n.add_argument("--quiet", action="store_true")
+    n.set_defaults(fn=cmd_nightly)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except _user_errors() as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"ernie5 {args.command}: error: {msg}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"ernie5 {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Grouped-query attention with optional QK-norm, Uni-RoPE and a KV cache."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ernie5.model.config import ModelConfig
+from ernie5.model.kv_cache import KVCache
+from ernie5.model.mask import AttnMask
+from ernie5.model.rope import apply_rope
+
+
+def _flex_attention(q, k, v, block_mask):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if q.is_cuda:
+        fn = _compiled_flex()
+        return fn(q, k, v, block_mask=block_mask, enable_gqa=True)
+    with warnings.catch_warnings():  # eager flex materialises scores; fine for CPU checks
+        warnings.simplefilter("ignore")
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+
+
+_COMPILED = None
+
+
+def _compiled_flex():
+    global _COMPILED
+    if _COMPILED is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED
+
+
+class Attention(nn.Module):
+    """Multi-head attention with ``n_kv_heads`` shared key/value heads."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.dim_head
+        self.wqkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.dim_head, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.dim_head, cfg.d_model, bias=False)
+        self.q_norm = nn.RMSNorm(cfg.dim_head, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(cfg.dim_head, eps=cfg.norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x_BTD: torch.Tensor,
+        cos_BTP: torch.Tensor,
+        sin_BTP: torch.Tensor,
+        mask: AttnMask,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        b, t, _ = x_BTD.shape
+        h, k, dh = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.wqkv(x_BTD).view(b, t, h + 2 * k, dh)
+        q_BTHD, k_BTKD, v_BTKD = qkv.split([h, k, k], dim=2)
+        if self.q_norm is not None:
+            q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
+        q_BHTD = apply_rope(q_BTHD.transpose(1, 2), cos_BTP, sin_BTP)
+        k_BKTD = apply_rope(k_BTKD.transpose(1, 2), cos_BTP, sin_BTP)
+        v_BKTD = v_BTKD.transpose(1, 2)
+        if cache is not None:
+            k_BKTD, v_BKTD = cache.update(layer, k_BKTD, v_BKTD)
+        if mask.block_mask is not None:
+            o_BHTD = _flex_attention(q_BHTD, k_BKTD, v_BKTD, mask.block_mask)
+        else:
+            o_BHTD = F.scaled_dot_product_attention(
+                q_BHTD,
+                k_BKTD,
+                v_BKTD,
+                attn_mask=mask.dense_B1TS,
+                is_causal=mask.is_causal,
+                enable_gqa=True,
+            )
+        return self.wo(o_BHTD.transpose(1, 2).reshape(b, t, h * dh))

@@ -1,0 +1,162 @@
+"""Model configuration: frozen dataclasses, validated on construction.
+
+Derived values are properties; nothing is mutated after construction. Field docstrings are the
+documentation of every YAML key under ``model:``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoEConfig:
+    """Mixture-of-experts FFN with modality-agnostic routing (one router, one pool, all tokens)."""
+
+    n_experts: int = 64
+    """Routed experts per MoE layer."""
+    n_shared_experts: int = 0
+    """Always-on shared experts (each of width ``d_expert``), never masked by a subnet."""
+    d_expert: int = 256
+    """Hidden width of one routed (and one shared) SwiGLU expert."""
+    top_k: int = 2
+    """Routed experts per token (the default, full-model sparsity)."""
+    score_func: Literal["softmax", "sigmoid"] = "softmax"
+    """Router affinity: softmax over experts (ERNIE 4.5) or per-expert sigmoid (DeepSeek-V3)."""
+    norm_topk: bool = True
+    """Renormalise the selected gates to sum to one, so shrinking top-k or width keeps the scale."""
+    route_scale: float = 1.0
+    """Multiplier on the routed mixture (DeepSeek-V3 uses 2.5 with sigmoid scores)."""
+    aux_loss_coef: float = 0.0
+    """Sequence-wise balance loss coefficient (DeepSeek-V3 complementary loss, 1e-4 there). 0 = off."""
+    z_loss_coef: float = 0.0
+    """Router z-loss coefficient (ST-MoE, 1e-3 there). 0 = off."""
+    dispatch: Literal["auto", "loop", "sorted"] = "auto"
+    """Expert compute path: ``loop`` is the naive per-expert reference; ``sorted`` sorts (token, slot)
+    pairs by expert and runs bucketed batched GEMMs; ``auto`` picks by device and dtype."""
+
+    def __post_init__(self) -> None:
+        _check(self.n_experts >= 1, f"n_experts={self.n_experts} must be >= 1")
+        _check(self.n_shared_experts >= 0, f"n_shared_experts={self.n_shared_experts} must be >= 0")
+        _check(self.d_expert >= 1, f"d_expert={self.d_expert} must be >= 1")
+        _check(
+            1 <= self.top_k <= self.n_experts,
+            f"top_k={self.top_k} must be in [1, n_experts={self.n_experts}]",
+        )
+        _check(self.route_scale > 0, f"route_scale={self.route_scale} must be > 0")
+        _check(self.aux_loss_coef >= 0, f"aux_loss_coef={self.aux_loss_coef} must be >= 0")
+        _check(self.z_loss_coef >= 0, f"z_loss_coef={self.z_loss_coef} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MTPConfig:
+    """DeepSeek-V3-style multi-token prediction (sequential modules sharing embedding and head)."""
+
+    n_depth: int = 1
+    """Number of sequential MTP modules D (DeepSeek-V3 and our default: 1; 0 disables MTP)."""
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.n_depth <= 4, f"n_depth={self.n_depth} must be in [0, 4]")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """The unified decoder-only backbone."""
+
+    vocab_size: int = 4096
+    """Text vocabulary (special tokens included). Other modalities bring their own embeddings/heads."""
+    d_model: int = 256
+    """Residual stream width."""
+    n_layers: int = 8
+    """Transformer layers."""
+    n_heads: int = 8
+    """Query heads."""
+    n_kv_heads: int = 2
+    """Key/value heads (GQA); must divide ``n_heads``."""
+    head_dim: int = 0
+    """Per-head width; 0 means ``d_model // n_heads``."""
+    qk_norm: bool = True
+    """RMSNorm on each head's queries and keys before RoPE."""
+    rope_theta: float = 1_000_000.0
+    """RoPE base (ERNIE 5.0 uses 1e6 from the 8K stage on)."""
+    rope_sections: tuple[int, ...] = ()
+    """Frequency pairs given to the (t, h, w) axes of Uni-RoPE; empty = ERNIE-4.5-VL-like split."""
+    max_seq_len: int = 2048
+    """Longest sequence (positions and KV cache)."""
+    norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share the text input embedding with the text output head."""
+    init_std: float = 0.02
+    """Std of the normal init of linear and embedding weights."""
+    n_dense_layers: int = 0
+    """The first ``n_dense_layers`` layers use a dense SwiGLU FFN instead of MoE (paper: all MoE)."""
+    d_ff: int = 1024
+    """Width of the dense SwiGLU FFN (dense layers and the MTP block)."""
+    attn_impl: Literal["sdpa", "flex"] = "sdpa"
+    """Attention kernel: SDPA with a dense boolean mask, or flex_attention with a block mask."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """Mixture-of-experts settings."""
+    mtp: MTPConfig = field(default_factory=MTPConfig)
+    """Multi-token prediction settings."""
+
+    def __post_init__(self) -> None:
+        _check(self.vocab_size >= 16, f"vocab_size={self.vocab_size} must be >= 16")
+        _check(self.d_model >= 8, f"d_model={self.d_model} must be >= 8")
+        _check(self.n_layers >= 1, f"n_layers={self.n_layers} must be >= 1")
+        _check(self.n_heads >= 1, f"n_heads={self.n_heads} must be >= 1")
+        _check(
+            self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0,
+            f"n_kv_heads={self.n_kv_heads} must be >= 1 and divide n_heads={self.n_heads}",
+        )
+        _check(self.head_dim >= 0, f"head_dim={self.head_dim} must be >= 0")
+        _check(
+            self.head_dim > 0 or self.d_model % self.n_heads == 0,
+            f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} when head_dim=0",
+        )
+        _check(self.dim_head % 2 == 0, f"head_dim={self.dim_head} must be even (rotary pairs)")
+        if self.rope_sections:
+            _check(
+                len(self.rope_sections) == 3 and sum(self.rope_sections) == self.dim_head // 2,
+                f"rope_sections={list(self.rope_sections)} must be 3 ints summing to head_dim/2="
+                f"{self.dim_head // 2}",
+            )
+        _check(self.rope_theta > 1, f"rope_theta={self.rope_theta} must be > 1")
+        _check(self.max_seq_len >= 2, f"max_seq_len={self.max_seq_len} must be >= 2")
+        _check(0 < self.norm_eps < 1, f"norm_eps={self.norm_eps} must be in (0, 1)")
+        _check(self.init_std > 0, f"init_std={self.init_std} must be > 0")
+        _check(
+            0 <= self.n_dense_layers <= self.n_layers,
+            f"n_dense_layers={self.n_dense_layers} must be in [0, n_layers={self.n_layers}]",
+        )
+        _check(self.d_ff >= 1, f"d_ff={self.d_ff} must be >= 1")
+
+    @property
+    def dim_head(self) -> int:
+        """Resolved per-head width."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def sections(self) -> tuple[int, int, int]:
+        """Resolved (t, h, w) frequency-pair split of Uni-RoPE."""
+        if self.rope_sections:
+            t, h, w = self.rope_sections
+            return t, h, w
+        pairs = self.dim_head // 2
+        hw = round(pairs * 22 / 64)  # ERNIE-4.5-VL splits 64 pairs as h=22, w=22, t=20
+        return pairs - 2 * hw, hw, hw
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) has an MoE FFN."""
+        return layer >= self.n_dense_layers
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the MoE layers."""
+        return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))

@@ -1,0 +1,299 @@
+"""The unified backbone: embeddings, transformer blocks (attention + MoE), text head and MTP.
+
+``Ernie5Model.forward`` takes the elastic :class:`~ernie5.model.elastic.Subnet` as an argument and never
+mutates the model: layers outside the subnet are skipped (identity on the residual stream),
+excluded experts are masked in the router, and top-k is the subnet's.
+
+Multi-token prediction (MTP) follows DeepSeek-V3 with D sequential modules sharing the embedding
+and the output head: ``h'_i = W [RMSNorm(h_i); RMSNorm(Emb(t_{i+k}))]`` -> one transformer block ->
+shared head predicts ``t_{i+k+1}``.
+
+References:
+  * ERNIE 5.0 Technical Report (arXiv 2602.04705) §2, §2.1 (unified backbone, MTP), §3.3 (elastic).
+  * DeepSeek-V3 (arXiv 2412.19437) §2.2 (MTP modules, loss ``lambda / D * sum_k L_k``).
+
+Deviations:
+  1. The MTP block uses a dense SwiGLU FFN (width ``d_ff``) rather than an MoE block, so the draft
+     path does not depend on elastic width; DeepSeek-V3's MTP block is an MoE block.
+  2. The report does not disclose the MTP depth; D = 1 by default, as in DeepSeek-V3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ernie5.model.attention import Attention
+from ernie5.model.config import ModelConfig
+from ernie5.model.elastic import Subnet
+from ernie5.model.kv_cache import KVCache
+from ernie5.model.mask import AttnMask, build_mask
+from ernie5.model.moe import MoE, RouterOutput, SwiGLU
+from ernie5.model.rope import inv_frequencies, rope_cos_sin, text_positions
+
+IGNORE = -100
+"""Target value of positions without a loss."""
+
+
+@dataclass
+class ModelOutput:
+    """Everything a forward returns. Tensors not asked for are None."""
+
+    hidden_BTD: torch.Tensor
+    """Final hidden state after the last kept layer (before the final norm)."""
+    logits_BTV: torch.Tensor | None = None
+    loss: torch.Tensor | None = None
+    """Weighted mean next-token NLL over positions with a target."""
+    nll_BT: torch.Tensor | None = None
+    """Per-position next-token NLL (0 where there is no target); for per-modality accounting."""
+    mtp_losses: list[torch.Tensor] = field(default_factory=list)
+    """One mean NLL per MTP depth."""
+    aux_loss: torch.Tensor | None = None
+    """Sum of the MoE balance and z losses over layers (already scaled by their coefficients)."""
+    routing: dict[int, RouterOutput] = field(default_factory=dict)
+    """Per kept MoE layer: routing decisions and tokens per expert."""
+
+
+@dataclass
+class _Context:
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: AttnMask
+    cache: KVCache | None
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: attention, then a dense or MoE SwiGLU FFN."""
+
+    def __init__(self, cfg: ModelConfig, is_moe: bool) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.ffn: MoE | SwiGLU = MoE(cfg.d_model, cfg.moe) if is_moe else SwiGLU(cfg.d_model, cfg.d_ff)
+
+    def forward(
+        self,
+        x_BTD: torch.Tensor,
+        ctx: _Context,
+        layer: int,
+        top_k: int | None = None,
+        expert_mask_E: torch.Tensor | None = None,
+        dispatch: str | None = None,
+    ) -> tuple[torch.Tensor, RouterOutput | None]:
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), ctx.cos, ctx.sin, ctx.mask, ctx.cache, layer)
+        h_BTD = self.ffn_norm(x_BTD)
+        if isinstance(self.ffn, MoE):
+            y_BTD, r = self.ffn(h_BTD, top_k, expert_mask_E, dispatch)
+            return x_BTD + y_BTD, r
+        return x_BTD + self.ffn(h_BTD), None
+
+
+class MTPModule(nn.Module):
+    """One DeepSeek-V3 MTP depth: combine ``h_i`` with ``Emb(t_{i+k})``, one block, shared head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm_h = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm_e = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.proj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
+        self.block = Block(cfg, is_moe=False)
+        self.norm_out = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+    def forward(
+        self, h_BTD: torch.Tensor, emb_BTD: torch.Tensor, ctx: _Context, layer: int = 0
+    ) -> torch.Tensor:
+        x_BTD = self.proj(torch.cat([self.norm_h(h_BTD), self.norm_e(emb_BTD)], dim=-1))
+        x_BTD, _ = self.block(x_BTD, ctx, layer)
+        return x_BTD
+
+
+class Ernie5Model(nn.Module):
+    """Decoder-only unified backbone with elastic sub-models."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, cfg.is_moe_layer(i)) for i in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        self.mtp = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.mtp.n_depth))
+        self.register_buffer("inv_freq", inv_frequencies(cfg.dim_head, cfg.rope_theta), persistent=False)
+        if not any(p.is_meta for p in self.parameters()):
+            self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) for linears and embeddings; output projections scaled by 1/sqrt(2L)."""
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)  # RMSNorm weights
+            elif name.endswith(("wo.weight", "w2.weight", "ffn.w2")):
+                nn.init.normal_(p, std=out_std)
+            else:
+                nn.init.normal_(p, std=std)
+        for m in self.modules():
+            if isinstance(m, MoE):
+                m.router_bias.zero_()
+        self.inv_freq.copy_(inv_frequencies(self.cfg.dim_head, self.cfg.rope_theta))
+
+    # ------------------------------------------------------------------ helpers
+    def new_cache(
+        self, batch: int, max_len: int, dtype: torch.dtype | None = None, mtp: bool = False
+    ) -> KVCache:
+        """An empty KV cache for ``batch`` rows (for the backbone, or for the MTP blocks)."""
+        n = len(self.mtp) if mtp else self.cfg.n_layers
+        dtype = dtype or self.tok_emb.weight.dtype
+        return KVCache(
+            n, batch, self.cfg.n_kv_heads, self.cfg.dim_head, max_len, dtype, self.tok_emb.weight.device
+        )
+
+    def _context(
+        self,
+        positions_3BT: torch.Tensor,
+        doc_BT: torch.Tensor,
+        blk_BT: torch.Tensor,
+        cache: KVCache | None,
+    ) -> _Context:
+        cos, sin = rope_cos_sin(positions_3BT, self.inv_freq, self.cfg.sections)
+        if cache is not None:
+            doc_k, blk_k = cache.begin(doc_BT, blk_BT)
+        else:
+            doc_k, blk_k = doc_BT, blk_BT
+        mask = build_mask(doc_BT, blk_BT, doc_k, blk_k, self.cfg.attn_impl)
+        return _Context(cos, sin, mask, cache)
+
+    def embed(
+        self,
+        input_ids_BT: torch.Tensor,
+        input_embeds_MD: torch.Tensor | None = None,
+        embed_mask_BT: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Text embeddings, with continuous inputs (e.g. vision features) placed where ``embed_mask``."""
+        x_BTD = self.tok_emb(input_ids_BT.clamp_min(0))
+        if input_embeds_MD is not None:
+            x_BTD = x_BTD.masked_scatter(embed_mask_BT[..., None], input_embeds_MD.to(x_BTD.dtype))
+        return x_BTD
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids_BT: torch.Tensor,
+        *,
+        positions_3BT: torch.Tensor | None = None,
+        doc_ids_BT: torch.Tensor | None = None,
+        block_ids_BT: torch.Tensor | None = None,
+        input_embeds_MD: torch.Tensor | None = None,
+        embed_mask_BT: torch.Tensor | None = None,
+        subnet: Subnet | None = None,
+        cache: KVCache | None = None,
+        targets_BT: torch.Tensor | None = None,
+        loss_weights_BT: torch.Tensor | None = None,
+        mtp_cache: KVCache | None = None,
+        return_logits: bool = True,
+        dispatch: str | None = None,
+    ) -> ModelOutput:
+        """Run the (sub-)model on a packed batch.
+
+        Args:
+            input_ids_BT: text token ids (any value where ``embed_mask_BT`` is set).
+            positions_3BT: Uni-RoPE positions; default ``t = h = w = cache offset + index``.
+            doc_ids_BT: document id per token; default one document per row.
+            block_ids_BT: attention block id per token; default ``= position index`` (causal).
+            input_embeds_MD / embed_mask_BT: continuous input embeddings and where they go.
+            subnet: elastic sub-model (None = full model).
+            cache: KV cache for incremental decoding (positions are appended to it).
+            targets_BT: next-token targets (``IGNORE`` = no loss); enables ``loss`` and MTP losses.
+            loss_weights_BT: per-position loss weights (default 1), e.g. per-modality weighting.
+            mtp_cache: KV cache of the MTP blocks (speculative decoding only).
+            return_logits: also return the text logits of every position.
+            dispatch: MoE expert path override (``loop`` for the naive reference).
+        """
+        b, t = input_ids_BT.shape
+        device = input_ids_BT.device
+        start = cache.length if cache is not None else 0
+        if positions_3BT is None:
+            positions_3BT = text_positions(b, t, start, device)
+        if doc_ids_BT is None:
+            doc_ids_BT = torch.zeros(b, t, dtype=torch.long, device=device)
+        if block_ids_BT is None:
+            block_ids_BT = torch.arange(start, start + t, device=device).expand(b, t)
+        subnet = subnet or Subnet.full(self.cfg)
+        ctx = self._context(positions_3BT, doc_ids_BT, block_ids_BT, cache)
+
+        x_BTD = self.embed(input_ids_BT, input_embeds_MD, embed_mask_BT)
+        routing: dict[int, RouterOutput] = {}
+        aux = []
+        n_exp = self.cfg.moe.n_experts
+        for i in subnet.layers:
+            mask_E = subnet.expert_mask(i, n_exp, device)
+            x_BTD, r = self.layers[i](x_BTD, ctx, i, subnet.top_k, mask_E, dispatch)
+            if r is not None:
+                routing[i] = r
+                aux += [l for l in (r.aux_loss, r.z_loss) if l is not None]
+        if cache is not None:
+            cache.commit()
+
+        out = ModelOutput(hidden_BTD=x_BTD, routing=routing)
+        out.aux_loss = torch.stack(aux).sum() if aux else None
+        if return_logits or targets_BT is not None:
+            out.logits_BTV = self.head(self.norm(x_BTD))
+        if targets_BT is not None:
+            out.loss, out.nll_BT = _weighted_nll(out.logits_BTV, targets_BT, loss_weights_BT)
+            out.mtp_losses = self._mtp_losses(x_BTD, input_ids_BT, targets_BT, ctx, loss_weights_BT)
+        return out
+
+    def _mtp_losses(self, h_BTD, input_ids_BT, targets_BT, ctx, loss_weights_BT) -> list[torch.Tensor]:
+        losses = []
+        next_ids_BT = targets_BT
+        tgt_BT = targets_BT
+        for k, module in enumerate(self.mtp):
+            # Depth k+1 at position i sees t_{i+k+1} and predicts t_{i+k+2}; both must be real targets.
+            shifted = torch.full_like(tgt_BT, IGNORE)
+            shifted[:, :-1] = tgt_BT[:, 1:]
+            shifted = shifted.masked_fill(next_ids_BT == IGNORE, IGNORE)
+            emb_BTD = self.tok_emb(next_ids_BT.clamp_min(0))
+            h_BTD = module(h_BTD, emb_BTD, ctx, k)
+            logits = self.head(module.norm_out(h_BTD))
+            loss, _ = _weighted_nll(logits, shifted, loss_weights_BT)
+            losses.append(loss)
+            next_ids_BT, tgt_BT = shifted, shifted
+        return losses
+
+    def mtp_draft(
+        self, h_BTD: torch.Tensor, next_ids_BT: torch.Tensor, mtp_cache: KVCache, positions_3BT: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits of the first MTP depth for positions whose next token is known (decoding).
+
+        ``h_BTD`` are backbone hidden states at those positions and ``next_ids_BT`` the tokens that
+        follow them; the MTP block's cache advances by ``T``.
+        """
+        b, t, _ = h_BTD.shape
+        start = mtp_cache.length
+        blk = torch.arange(start, start + t, device=h_BTD.device).expand(b, t)
+        doc = torch.zeros(b, t, dtype=torch.long, device=h_BTD.device)
+        ctx = self._context(positions_3BT, doc, blk, mtp_cache)
+        module = self.mtp[0]
+        x = module(h_BTD, self.tok_emb(next_ids_BT), ctx, 0)
+        mtp_cache.commit()
+        return self.head(module.norm_out(x))
+
+
+def _weighted_nll(
+    logits_BTV: torch.Tensor, targets_BT: torch.Tensor, weights_BT: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    nll_BT = F.cross_entropy(
+        logits_BTV.float().flatten(0, 1), targets_BT.flatten(), ignore_index=IGNORE, reduction="none"
+    ).view_as(targets_BT)
+    valid = (targets_BT != IGNORE).float()
+    w = valid if weights_BT is None else valid * weights_BT
+    return (nll_BT * w).sum() / w.sum().clamp_min(1.0), nll_BT

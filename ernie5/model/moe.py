@@ -1,0 +1,385 @@
+"""Mixture-of-experts FFN with modality-agnostic routing and auxiliary-loss-free balancing.
+
+One router and one pool of fine-grained routed experts serve every token, whatever its modality:
+the router sees only the hidden state, and no modality id enters routing anywhere. Optional
+shared experts run on every token.
+
+Steps of one forward (token-choice, dropless):
+  1. ``logits = x @ W_router^T`` in fp32; experts excluded by the subnet get ``-inf`` (softmax) or a
+     zero score (sigmoid) *before* anything else, so the weights renormalise over what is left.
+  2. Scores are softmax or sigmoid of the logits. Selection uses ``scores + bias``, where ``bias`` is
+     the aux-free balancing buffer; the gate values use the un-biased scores.
+  3. Top-k on the selection scores; gates are the selected scores, renormalised to sum to one
+     (``norm_topk``) and multiplied by ``route_scale``.
+  4. Expert compute: every (token, slot) pair is processed by its expert; nothing is dropped.
+  5. Routing statistics (tokens per expert) and optional balance / z losses are returned with the
+     output; the layer logs nothing and never updates its own bias (the trainer calls
+     :func:`update_router_bias`).
+
+Expert compute paths (identical semantics, chosen by ``dispatch``):
+  * ``loop``: the naive reference, one SwiGLU call per expert on the rows routed to it.
+  * ``sorted``: pairs are sorted by expert into a padded ``(E, C, D)`` layout and each projection
+    runs as ONE batched GEMM with the weight as the left operand (``W @ X^T``), which lets oneDNN
+    reuse the weight without repacking it per call; experts that overflow the chosen capacity ``C``
+    are finished by a second, small batched GEMM over just those experts. No row is dropped.
+  * ``gather``: for a handful of pairs (decoding) the selected experts' weights are gathered and
+    multiplied per pair; used automatically at inference when ``n_pairs <= 16``.
+
+References:
+  * ERNIE 5.0 Technical Report (arXiv 2602.04705) §2.1, §3.2, §6.4.1: one router and one expert
+    pool for all modalities; aux-loss-free balancing with bias speed 1e-4 -> 1e-5; no token dropping.
+  * DeepSeek-V3 (arXiv 2412.19437) §2.1.2 and Wang et al. 2024 (arXiv 2408.15664): selection-only
+    bias ``b_i += gamma * sign(mean_load - load_i)``; sequence-wise balance loss.
+  * ST-MoE (arXiv 2202.08906): router z-loss. DeepSeekMoE (arXiv 2401.06066): shared experts.
+  * ERNIE 4.5 router (transformers ``ernie4_5_moe``): softmax + correction bias for selection,
+    renormalised top-k gates.
+
+Deviations:
+  1. The report does not disclose the score function, gate normalisation or shared-expert count;
+     all three are config options (defaults: softmax, renormalised, 0 shared at the nano shape).
+  2. The bias update is applied by the trainer once per optimizer step from the summed loads of the
+     step's micro-batches, counting only experts the subnet left available (masked experts neither
+     count towards the mean nor move their bias).
+  3. Aux and z losses are optional safety nets (off by default); the report uses neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ernie5.model.config import MoEConfig
+
+GATHER_MAX_PAIRS = 16
+"""At inference, at most this many (token, slot) pairs use the weight-gather path."""
+OVERFLOW_PENALTY_ROWS = 24
+"""Cost, in padded rows, charged per expert sent to the overflow GEMM (its weight gather)."""
+
+
+@dataclass
+class RouterOutput:
+    """What routing decided for ``N`` tokens with ``A`` active experts each."""
+
+    expert_ids_NA: torch.Tensor
+    gates_NA: torch.Tensor
+    counts_E: torch.Tensor
+    """Routed (token, slot) pairs per expert, int64, over the full expert dimension."""
+    aux_loss: torch.Tensor | None
+    z_loss: torch.Tensor | None
+
+
+def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Reference SwiGLU expert: ``w13 (2F, D)``, ``w2 (D, F)``; ``x (N, D) -> (N, D)``."""
+    g, u = F.linear(x, w13).chunk(2, dim=-1)
+    return F.linear(F.silu(g) * u, w2)
+
+
+def route(
+    x_ND: torch.Tensor,
+    weight_ED: torch.Tensor,
+    bias_E: torch.Tensor,
+    cfg: MoEConfig,
+    top_k: int,
+    expert_mask_E: torch.Tensor | None,
+    seq_len: int,
+) -> RouterOutput:
+    """Token-choice top-k routing. ``seq_len`` groups rows into sequences for the balance loss."""
+    logits_NE = F.linear(x_ND.float(), weight_ED.float())
+    n_avail = int(expert_mask_E.sum()) if expert_mask_E is not None else logits_NE.shape[-1]
+    if cfg.score_func == "softmax":
+        if expert_mask_E is not None:
+            logits_NE = logits_NE.masked_fill(~expert_mask_E, float("-inf"))
+        scores_NE = logits_NE.softmax(dim=-1)
+    else:
+        scores_NE = logits_NE.sigmoid()
+        if expert_mask_E is not None:
+            scores_NE = scores_NE.masked_fill(~expert_mask_E, 0.0)
+    select_NE = scores_NE.detach() + bias_E
+    if expert_mask_E is not None:
+        select_NE = select_NE.masked_fill(~expert_mask_E, float("-inf"))
+    expert_ids_NA = select_NE.topk(top_k, dim=-1, sorted=False).indices
+    gates_NA = scores_NE.gather(-1, expert_ids_NA)
+    if cfg.norm_topk:
+        gates_NA = gates_NA / gates_NA.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    if cfg.route_scale != 1.0:
+        gates_NA = gates_NA * cfg.route_scale
+    counts_E = torch.bincount(expert_ids_NA.reshape(-1), minlength=logits_NE.shape[-1])
+
+    aux_loss = z_loss = None
+    if cfg.aux_loss_coef > 0 and torch.is_grad_enabled():
+        # DeepSeek-V3 sequence-wise balance loss: alpha * sum_i f_i * P_i, averaged over sequences.
+        n_seq = x_ND.shape[0] // seq_len
+        norm_NE = scores_NE / scores_NE.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        p_SE = norm_NE.view(n_seq, seq_len, -1).mean(dim=1)
+        hits_NE = torch.zeros_like(scores_NE).scatter_(-1, expert_ids_NA, 1.0)
+        f_SE = hits_NE.view(n_seq, seq_len, -1).sum(dim=1) * (n_avail / (top_k * seq_len))
+        aux_loss = cfg.aux_loss_coef * (f_SE * p_SE).sum(dim=-1).mean()
+    if cfg.z_loss_coef > 0 and torch.is_grad_enabled():
+        finite_NE = logits_NE.masked_fill(~torch.isfinite(logits_NE), float("-inf"))
+        z_loss = cfg.z_loss_coef * torch.logsumexp(finite_NE, dim=-1).square().mean()
+    return RouterOutput(expert_ids_NA, gates_NA, counts_E, aux_loss, z_loss)
+
+
+def experts_loop(
+    x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, r: RouterOutput
+) -> torch.Tensor:
+    """Naive reference: one SwiGLU call per expert on the rows routed to it."""
+    y_ND = torch.zeros_like(x_ND)
+    for e in torch.nonzero(r.counts_E).flatten().tolist():
+        tok, slot = torch.where(r.expert_ids_NA == e)
+        out = swiglu(x_ND[tok], w13_EFD[e], w2_EDF[e])
+        y_ND.index_add_(0, tok, out * r.gates_NA[tok, slot, None].to(out.dtype))
+    return y_ND
+
+
+def experts_gather(
+    x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, r: RouterOutput
+) -> torch.Tensor:
+    """Few pairs (decode): gather each pair's expert weights and multiply per pair."""
+    n, a = r.expert_ids_NA.shape
+    ids = r.expert_ids_NA.reshape(-1)
+    x_P1D = x_ND.repeat_interleave(a, dim=0).unsqueeze(1)
+    h = torch.bmm(x_P1D, w13_EFD[ids].transpose(1, 2))
+    g, u = h.chunk(2, dim=-1)
+    out_P1D = torch.bmm(F.silu(g) * u, w2_EDF[ids].transpose(1, 2))
+    out_NAD = out_P1D.view(n, a, -1) * r.gates_NA.unsqueeze(-1).to(out_P1D.dtype)
+    return out_NAD.sum(dim=1)
+
+
+def _capacity(counts: list[int]) -> int:
+    """Level-1 capacity minimising padded rows plus the overflow GEMM's cost."""
+    n_exp = len(counts)
+    best, best_cost = max(counts), n_exp * max(counts)
+    for cap in sorted(set(counts)):
+        over = [c - cap for c in counts if c > cap]
+        cost = n_exp * cap + (len(over) * (max(over) + OVERFLOW_PENALTY_ROWS) if over else 0)
+        if cost < best_cost:
+            best, best_cost = cap, cost
+    return best
+
+
+@dataclass
+class _Level:
+    """One padded batched GEMM: ``experts`` (None = all) x ``cap`` rows each."""
+
+    experts: torch.Tensor | None
+    cap: int
+    tok_EC: torch.Tensor
+    """Token row of each slot; pad slots point at the zero row ``N``."""
+    pair_EC: torch.Tensor
+    """Index into the flattened (token, slot) gates; pad slots point at the dummy entry ``N*A``."""
+
+
+def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
+    """Sort (token, slot) pairs by expert into padded levels.
+
+    Level 1 holds every expert up to a capacity; level 2 holds the overflow of the busiest experts.
+    Pure index arithmetic, no autograd.
+    """
+    a = r.expert_ids_NA.shape[1]
+    device = r.expert_ids_NA.device
+    flat_ids = r.expert_ids_NA.reshape(-1)
+    n_exp = r.counts_E.numel()
+    order = torch.argsort(flat_ids, stable=True)
+    cap = _capacity(r.counts_E.tolist())
+    starts_E = torch.cumsum(r.counts_E, 0) - r.counts_E
+    expert_P = flat_ids[order]
+    rank_P = torch.arange(order.numel(), device=device) - starts_E[expert_P]
+    n_pairs = order.numel()
+
+    def level(mask: torch.Tensor, experts: torch.Tensor | None, c: int, offset: int) -> _Level:
+        e_local = expert_P[mask]
+        if experts is not None:
+            remap = torch.full((n_exp,), -1, dtype=torch.long, device=device)
+            remap[experts] = torch.arange(experts.numel(), device=device)
+            e_local = remap[e_local]
+        rows = n_exp if experts is None else experts.numel()
+        slot = e_local * c + (rank_P[mask] - offset)
+        tok_EC = torch.full((rows * c,), n_tokens, dtype=torch.long, device=device)
+        pair_EC = torch.full((rows * c,), n_pairs, dtype=torch.long, device=device)
+        tok_EC[slot] = order[mask] // a
+        pair_EC[slot] = order[mask]
+        return _Level(experts, c, tok_EC, pair_EC)
+
+    levels = []
+    if cap > 0:
+        levels.append(level(rank_P < cap, None, cap, 0))
+    over = rank_P >= cap
+    if bool(over.any()):
+        over_experts = torch.nonzero(r.counts_E > cap).flatten()
+        c2 = int((r.counts_E[over_experts] - cap).max())
+        levels.append(level(over, over_experts, c2, cap))
+    return levels
+
+
+class _GroupedSwiGLU(torch.autograd.Function):
+    """Gated SwiGLU experts over padded levels, with a hand-written backward.
+
+    Weights are the left GEMM operand (``(E, 2F, D) @ (E, D, C)``): oneDNN then packs the small
+    token operand rather than every expert's weight, which is what makes small-C batched GEMMs
+    fast on CPU. The backward accumulates the overflow level's weight gradients in place into the
+    level-1 gradients (``index_add_``), so no full-size zero tensor is materialised per level.
+    """
+
+    @staticmethod
+    def forward(ctx, x_ND, gates_P, w13_EFD, w2_EDF, levels):  # noqa: D102
+        n, d = x_ND.shape
+        x_pad = torch.cat([x_ND, x_ND.new_zeros(1, d)])
+        g_pad = torch.cat([gates_P.to(x_ND.dtype), gates_P.new_zeros(1, dtype=x_ND.dtype)])
+        y_pad = x_ND.new_zeros(n + 1, d)
+        saved = []
+        for lv in levels:
+            w13 = w13_EFD if lv.experts is None else w13_EFD[lv.experts]
+            w2 = w2_EDF if lv.experts is None else w2_EDF[lv.experts]
+            e = w13.shape[0]
+            x_ECD = x_pad[lv.tok_EC].view(e, lv.cap, d)
+            h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
+            g, u = h_EFC.chunk(2, dim=1)
+            y_ECD = torch.bmm(w2, F.silu(g) * u).transpose(1, 2)
+            gate_EC1 = g_pad[lv.pair_EC].view(e, lv.cap, 1)
+            y_pad.index_add_(0, lv.tok_EC, (y_ECD * gate_EC1).reshape(-1, d))
+            saved.append((x_ECD, h_EFC, y_ECD, gate_EC1))
+        ctx.levels = levels
+        ctx.saved = saved
+        ctx.shapes = (n, d, gates_P.numel(), gates_P.dtype)
+        ctx.save_for_backward(w13_EFD, w2_EDF)
+        return y_pad[:n]
+
+    @staticmethod
+    def backward(ctx, dy_ND):  # noqa: D102
+        w13_EFD, w2_EDF = ctx.saved_tensors
+        n, d, n_pairs, gate_dtype = ctx.shapes
+        dy_pad = torch.cat([dy_ND, dy_ND.new_zeros(1, d)])
+        dx_pad = dy_ND.new_zeros(n + 1, d)
+        dg_pad = torch.zeros(n_pairs + 1, dtype=torch.float32, device=dy_ND.device)
+        dw13 = dw2 = None
+        for lv, (x_ECD, h_EFC, y_ECD, gate_EC1) in zip(ctx.levels, ctx.saved):
+            w13 = w13_EFD if lv.experts is None else w13_EFD[lv.experts]
+            w2 = w2_EDF if lv.experts is None else w2_EDF[lv.experts]
+            e = w13.shape[0]
+            dy_ECD = dy_pad[lv.tok_EC].view(e, lv.cap, d)
+            dg_pad.index_add_(0, lv.pair_EC, (dy_ECD * y_ECD).float().sum(-1).reshape(-1))
+            dy_ECD = dy_ECD * gate_EC1
+            g, u = h_EFC.chunk(2, dim=1)
+            sig = torch.sigmoid(g)
+            silu_g = g * sig
+            d_w2 = torch.bmm(dy_ECD.transpose(1, 2), (silu_g * u).transpose(1, 2))
+            d_act = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
+            d_h = torch.cat([d_act * u * (sig * (1 + g * (1 - sig))), d_act * silu_g], dim=1)
+            d_w13 = torch.bmm(d_h, x_ECD)
+            d_x = torch.bmm(w13.transpose(1, 2), d_h).transpose(1, 2)
+            dx_pad.index_add_(0, lv.tok_EC, d_x.reshape(-1, d))
+            if lv.experts is None:
+                dw13 = d_w13 if dw13 is None else dw13 + d_w13
+                dw2 = d_w2 if dw2 is None else dw2 + d_w2
+            else:
+                if dw13 is None:
+                    dw13, dw2 = torch.zeros_like(w13_EFD), torch.zeros_like(w2_EDF)
+                dw13.index_add_(0, lv.experts, d_w13)
+                dw2.index_add_(0, lv.experts, d_w2)
+        ctx.saved = None
+        return dx_pad[:n], dg_pad[:n_pairs].to(gate_dtype), dw13, dw2, None
+
+
+def experts_sorted(
+    x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, r: RouterOutput
+) -> torch.Tensor:
+    """Sort pairs by expert, run padded batched GEMMs (capacity + overflow), scatter back."""
+    levels = plan_dispatch(r, x_ND.shape[0])
+    return _GroupedSwiGLU.apply(x_ND, r.gates_NA.reshape(-1), w13_EFD, w2_EDF, levels)
+
+
+class SwiGLU(nn.Module):
+    """Dense SwiGLU FFN (dense layers, shared experts, the MTP block)."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w13 = nn.Linear(d_model, 2 * d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        g, u = self.w13(x_BTD).chunk(2, dim=-1)
+        return self.w2(F.silu(g) * u)
+
+
+class MoE(nn.Module):
+    """Routed experts (+ optional shared experts) behind one modality-agnostic router."""
+
+    def __init__(self, d_model: int, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        e, f = cfg.n_experts, cfg.d_expert
+        self.router = nn.Linear(d_model, e, bias=False)
+        self.register_buffer("router_bias", torch.zeros(e, dtype=torch.float32))
+        self.w13 = nn.Parameter(torch.empty(e, 2 * f, d_model))
+        self.w2 = nn.Parameter(torch.empty(e, d_model, f))
+        self.shared = SwiGLU(d_model, cfg.n_shared_experts * f) if cfg.n_shared_experts else None
+
+    def forward(
+        self,
+        x_BTD: torch.Tensor,
+        top_k: int | None = None,
+        expert_mask_E: torch.Tensor | None = None,
+        dispatch: str | None = None,
+    ) -> tuple[torch.Tensor, RouterOutput]:
+        """Mix routed experts for every token.
+
+        Args:
+            x_BTD: hidden states.
+            top_k: active experts per token (``None`` = the configured default).
+            expert_mask_E: bool mask of the routed experts available (``None`` = all).
+            dispatch: override of ``cfg.dispatch`` (``loop`` | ``sorted`` | ``gather``).
+
+        Returns:
+            ``(y_BTD, router_output)``.
+        """
+        b, t, d = x_BTD.shape
+        x_ND = x_BTD.reshape(b * t, d)
+        k = top_k or self.cfg.top_k
+        r = route(x_ND, self.router.weight, self.router_bias, self.cfg, k, expert_mask_E, t)
+        path = dispatch or self.cfg.dispatch
+        if path == "auto":
+            path = self._auto_dispatch(x_ND, k)
+        fn = {"loop": experts_loop, "sorted": experts_sorted, "gather": experts_gather}[path]
+        dev = x_ND.device.type
+        if torch.is_autocast_enabled(dev):
+            # Cast once here and run the experts outside autocast, so the hand-written backward
+            # sees one dtype (autocast is not active during backward).
+            dt = torch.get_autocast_dtype(dev)
+            with torch.autocast(dev, enabled=False):
+                y_ND = fn(x_ND.to(dt), self.w13.to(dt), self.w2.to(dt), r)
+        else:
+            y_ND = fn(x_ND, self.w13, self.w2, r)
+        y_BTD = y_ND.view(b, t, d)
+        if self.shared is not None:
+            y_BTD = y_BTD + self.shared(x_BTD)
+        return y_BTD, r
+
+    def _auto_dispatch(self, x_ND: torch.Tensor, k: int) -> str:
+        # Chosen by `ernie5 bench moe` on CPU: the gather path wins for a few pairs at inference;
+        # the sorted batched-GEMM path wins for training-sized batches in bf16 and fp32.
+        if not torch.is_grad_enabled() and x_ND.shape[0] * k <= GATHER_MAX_PAIRS:
+            return "gather"
+        return "sorted"
+
+
+@torch.no_grad()
+def update_router_bias(moe: MoE, counts_E: torch.Tensor, speed: float, avail_E: torch.Tensor) -> None:
+    """Aux-loss-free balancing step: ``b_i += speed * sign(mean_load - load_i)`` over available experts.
+
+    Args:
+        moe: the layer whose ``router_bias`` moves.
+        counts_E: routed pairs per expert summed over the optimizer step.
+        speed: the update speed gamma.
+        avail_E: bool mask of experts that were available in routing this step (masked experts
+            neither count towards the mean nor move).
+    """
+    if speed <= 0 or not bool(avail_E.any()):
+        return
+    load = counts_E.float()
+    mean = load[avail_E].mean()
+    step = speed * torch.sign(mean - load)
+    moe.router_bias.add_(torch.where(avail_E, step, torch.zeros_like(step)))

@@ -1,0 +1,117 @@
+"""Parameter and FLOP accounting for a config, optionally under an elastic subnet.
+
+Definitions (used by ``ernie5 params``, the harness's efficiency columns and the benchmarks):
+  * ``total_params``: parameters of the (sub-)model as a standalone checkpoint would hold them:
+    kept layers, kept routed experts (and their router rows), shared experts, embeddings, the text
+    head and the MTP modules.
+  * ``active_params``: parameters used to process one token in a plain forward: everything except
+    the routed experts a token does not select and the MTP modules (they only serve training and
+    speculative drafting). The input embedding table is counted whole, as Hugging Face does.
+  * ``active_params_no_embedding``: the same without the input embedding (the MFU convention).
+  * ``flops_per_token``: forward FLOPs per token, ``2 * active_params_no_embedding`` for the
+    matmuls plus attention scores and values ``4 * layers * heads * head_dim * ctx`` with ``ctx``
+    the mean causal context of a ``seq_len`` sequence, ``(seq_len + 1) / 2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ernie5.model.config import ModelConfig
+from ernie5.model.elastic import Subnet
+
+
+@dataclass(frozen=True)
+class ParamReport:
+    """Counts of one (sub-)model."""
+
+    total_params: int
+    active_params: int
+    active_params_no_embedding: int
+    activation_rate: float
+    flops_per_token: float
+    matmul_flops_per_token: float
+    attn_flops_per_token: float
+    seq_len: int
+    n_layers: int
+    top_k: int
+    routed_experts_per_layer: float
+
+    def to_dict(self) -> dict:
+        """JSON-able dict."""
+        return asdict(self)
+
+
+def _attn_params(cfg: ModelConfig) -> int:
+    dh = cfg.dim_head
+    p = cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * dh + cfg.n_heads * dh * cfg.d_model
+    return p + (2 * dh if cfg.qk_norm else 0) + 2 * cfg.d_model  # qk norms + two block norms
+
+
+def _swiglu_params(d: int, f: int) -> int:
+    return 3 * d * f
+
+
+def _block_counts(cfg: ModelConfig, layer: int, n_experts_kept: int, top_k: int) -> tuple[int, int]:
+    """(total, active) parameters of one block."""
+    attn = _attn_params(cfg)
+    if not cfg.is_moe_layer(layer):
+        ffn = _swiglu_params(cfg.d_model, cfg.d_ff)
+        return attn + ffn, attn + ffn
+    m = cfg.moe
+    expert = _swiglu_params(cfg.d_model, m.d_expert)
+    router = cfg.d_model * n_experts_kept
+    shared = m.n_shared_experts * expert
+    total = attn + router + shared + n_experts_kept * expert
+    active = attn + router + shared + top_k * expert
+    return total, active
+
+
+def count_params(cfg: ModelConfig, subnet: Subnet | None = None, seq_len: int | None = None) -> ParamReport:
+    """Analytic counts for ``cfg`` under ``subnet`` (None = full model)."""
+    subnet = subnet or Subnet.full(cfg)
+    seq_len = seq_len or cfg.max_seq_len
+    d, v = cfg.d_model, cfg.vocab_size
+    emb = v * d
+    head = 0 if cfg.tie_embeddings else v * d
+    # Each MTP depth: two input norms, the 2d -> d projection, a dense block, the output norm.
+    mtp = cfg.mtp.n_depth * (3 * d + 2 * d * d + _attn_params(cfg) + _swiglu_params(d, cfg.d_ff))
+    total = emb + head + d + mtp  # + final norm
+    active = emb + head + d
+    routed = []
+    for i in subnet.layers:
+        kept = subnet.n_experts_kept(i, cfg.moe.n_experts)
+        t, a = _block_counts(cfg, i, kept, subnet.top_k)
+        total += t
+        active += a
+        if cfg.is_moe_layer(i):
+            routed.append(kept)
+    active_no_emb = active - emb
+    matmul = 2.0 * active_no_emb
+    ctx = (seq_len + 1) / 2
+    attn = 4.0 * len(subnet.layers) * cfg.n_heads * cfg.dim_head * ctx
+    return ParamReport(
+        total_params=total,
+        active_params=active,
+        active_params_no_embedding=active_no_emb,
+        activation_rate=active / total,
+        flops_per_token=matmul + attn,
+        matmul_flops_per_token=matmul,
+        attn_flops_per_token=attn,
+        seq_len=seq_len,
+        n_layers=len(subnet.layers),
+        top_k=subnet.top_k,
+        routed_experts_per_layer=sum(routed) / len(routed) if routed else 0.0,
+    )
+
+
+def count_instantiated(model: torch.nn.Module) -> int:
+    """Parameters of an instantiated model (tied weights counted once); works on the meta device."""
+    seen, n = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            n += p.numel()
+    return n

@@ -1,0 +1,112 @@
+"""The model as the harness sees it: three request kinds and an :class:`EvalModel` protocol.
+
+Tasks build requests; a model answers them in batches. Contexts are plain text or, for
+multimodal tasks, a tuple of parts (text strings and :class:`MediaPart` items) that the model
+adapter turns into segments of the unified sequence. The contracts follow lm-eval's ``LM``:
+
+* ``loglikelihood``: log P(continuation | context), summed over the continuation's tokens, and
+  whether greedy decoding would have produced the continuation exactly. The context ends where
+  the continuation begins: any separating space belongs to the continuation (``" Paris"``).
+* ``loglikelihood_rolling``: log P(text) of a whole document, scored with as much left context as
+  fits, in windows when the document is longer than the model's context.
+* ``generate``: a continuation of the context, greedy unless ``temperature > 0``, cut at the first
+  stop string (the stop string itself is not returned) or after ``max_new_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class MediaPart:
+    """A non-text input inside a context (an image, a clip or a waveform)."""
+
+    modality: Literal["image", "video", "audio"]
+    data: Any
+    """A numpy array: image (H, W) or (H, W, C) uint8; video (T, H, W[, C]); audio (samples,) float32."""
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """E.g. ``{"sample_rate": 8000}`` for audio."""
+
+
+Context = str | tuple[str | MediaPart, ...]
+
+
+@dataclass(frozen=True)
+class LoglikelihoodRequest:
+    """Score ``continuation`` after ``context``."""
+
+    context: Context
+    continuation: str
+
+
+@dataclass(frozen=True)
+class RollingRequest:
+    """Score a whole document."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Continue ``context``."""
+
+    context: Context
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    seed: int = 0
+
+
+Request = LoglikelihoodRequest | RollingRequest | GenerationRequest
+
+
+@dataclass(frozen=True)
+class LoglikelihoodResult:
+    """Answer to a :class:`LoglikelihoodRequest`."""
+
+    logprob: float
+    is_greedy: bool
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class RollingResult:
+    """Answer to a :class:`RollingRequest` (natural-log probability)."""
+
+    logprob: float
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Answer to a :class:`GenerationRequest`."""
+
+    text: str
+    n_tokens: int
+
+
+Response = LoglikelihoodResult | RollingResult | GenerationResult
+
+
+@runtime_checkable
+class EvalModel(Protocol):
+    """What every evaluated model (an ERNIE5 subnet, a random baseline) provides."""
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the weights *and* the subnet; two models with different answers never share it."""
+        ...
+
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
+        """One result per request, in order."""
+        ...
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[RollingResult]:
+        """One result per request, in order."""
+        ...
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """One result per request, in order."""
+        ...

@@ -1,0 +1,114 @@
+"""CLI contract: --help everywhere, one-line errors with exit code 2, the commands' outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ernie5.cli import build_parser, main
+
+COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)
+
+
+def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ernie5.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    assert "usage: ernie5" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["params", "--config", "nope"], "unknown preset 'nope'"),
+        (["params", "--config", "micro", "--subnet", "d0"], "depth=0"),
+        (["params", "--config", "micro", "--subnet", "k99"], "top_k=99"),
+        (["params", "--config", "micro", "--set", "model.d_model=abc"], "model.d_model"),
+        (["params"], "exactly one of --config or --checkpoint"),
+        (["params", "--checkpoint", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+        (
+            ["train", "--config", "micro", "--out", "/tmp/x", "--set", "train.stepz=3"],
+            "unknown key 'train.stepz'",
+        ),
+        (["generate", "--checkpoint", "/nonexistent", "--prompt", "hi"], "/nonexistent"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, fragment, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_argparse_errors_exit_2():
+    r = _run("params", "--seq-len", "many")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_params_json(capsys):
+    assert main(["params", "--config", "nano", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert {"total_params", "active_params", "activation_rate", "flops_per_token"} <= set(rep)
+    assert main(["params", "--config", "paper", "--json", "--subnet", "k0.25"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["total_params"] > 1e12 and rep["top_k"] == 2
+
+
+def test_train_extract_generate_params_on_a_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "micro",
+                "--out",
+                str(run),
+                "--quiet",
+                "--set",
+                "train.steps=6",
+                "--set",
+                "data.tokenizer_chars=20000",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["params", "--checkpoint", str(run), "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    out = tmp_path / "sub"
+    assert main(["extract", "--checkpoint", str(run), "--subnet", "d0.5-w0.5-k1", "--out", str(out)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["total_params"] < rep["parent_total_params"] and rep["file_bytes"] < rep["parent_file_bytes"]
+    assert main(["params", "--checkpoint", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total_params"] == rep["total_params"] < full["total_params"]
+    assert (
+        main(["extract", "--checkpoint", str(run), "--subnet", "k1", "--out", str(out)]) == 2
+    )  # no overwrite
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "generate",
+                "--checkpoint",
+                str(out),
+                "--prompt",
+                "Q: 1+1=",
+                "--max-new-tokens",
+                "5",
+                "--speculative",
+            ]
+        )
+        == 0
+    )
+    captured = capsys.readouterr()
+    assert "acceptance_rate" in captured.err

@@ -1,0 +1,1 @@
+"""Training: pretraining with elastic sub-model sampling (SFT and RL join later)."""

@@ -1,0 +1,183 @@
+"""Run configuration for pretraining: model, optimisation, schedule, elastic sampling and data.
+
+A preset (``ernie5/presets/*.yaml``) is one YAML file of this shape; ``--set dotted.key=value``
+overrides any field (``--set train.steps=100``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ernie5.model.config import ModelConfig
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimConfig:
+    """AdamW."""
+
+    lr: float = 3e-3
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam betas."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on matrices (norms, router and biases are not decayed)."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    fused: bool = True
+    """Fused AdamW kernel (about 8x faster than the default for-loop on CPU)."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, f"lr={self.lr} must be > 0")
+        _check(all(0 <= b < 1 for b in self.betas), f"betas={list(self.betas)} must be in [0, 1)")
+        _check(self.eps > 0, f"eps={self.eps} must be > 0")
+        _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
+        _check(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleConfig:
+    """Learning-rate schedule: warmup, then warmup-stable-decay (the paper's stage 1) or cosine."""
+
+    kind: Literal["wsd", "cosine", "constant"] = "wsd"
+    """Schedule shape after warmup."""
+    warmup_steps: int = 50
+    """Linear warmup steps from 0."""
+    decay_frac: float = 0.2
+    """WSD: fraction of all steps spent in the final linear decay."""
+    min_lr_ratio: float = 0.1
+    """Final lr as a fraction of the peak (the paper's mid-training cosine goes 1e-4 -> 1e-5)."""
+
+    def __post_init__(self) -> None:
+        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
+        _check(0 <= self.decay_frac <= 1, f"decay_frac={self.decay_frac} must be in [0, 1]")
+        _check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ElasticConfig:
+    """Training-time sampling of sub-models, independently per dimension, per micro-batch."""
+
+    enabled: bool = True
+    """Sample sub-models at all (False = always the full model)."""
+    p_full_depth: float = 0.75
+    """Probability of running all layers (paper: 0.75)."""
+    min_depth: float = 0.5
+    """Smallest sampled depth, as a fraction of the layers (the reduced depth is uniform above it)."""
+    p_full_width: float = 0.8
+    """Probability that all routed experts are available (paper: 0.8)."""
+    width_fraction: float = 0.5
+    """Fraction of routed experts available in a reduced-width sample (paper's small run: 64 -> 32)."""
+    p_default_top_k: float = 0.8
+    """Probability of the default top-k (paper: 0.8); otherwise top-k ~ U{min_top_k .. k-1}."""
+    min_top_k: int = 1
+    """Smallest sampled top-k."""
+
+    def __post_init__(self) -> None:
+        for name in ("p_full_depth", "p_full_width", "p_default_top_k"):
+            v = getattr(self, name)
+            _check(0 <= v <= 1, f"{name}={v} must be in [0, 1]")
+        _check(0 < self.min_depth <= 1, f"min_depth={self.min_depth} must be in (0, 1]")
+        _check(0 < self.width_fraction <= 1, f"width_fraction={self.width_fraction} must be in (0, 1]")
+        _check(self.min_top_k >= 1, f"min_top_k={self.min_top_k} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataConfig:
+    """The pretraining mixture: packed documents streamed from weighted sources."""
+
+    seq_len: int = 256
+    """Tokens per packed row."""
+    batch_size: int = 8
+    """Rows per micro-batch (per process)."""
+    sources: dict[str, float] = field(default_factory=lambda: {"shakespeare": 0.5, "procedural": 0.5})
+    """Source name -> sampling weight. Sources needing the data root are skipped (renormalised)
+    when their files are missing; ``procedural`` always works."""
+    data_dir: str = ""
+    """Data root ('' = ``--data-dir`` or ``$ERNIE5_DATA_DIR``)."""
+    tokenizer_chars: int = 2_000_000
+    """Characters of training text the BPE tokenizer is trained on."""
+
+    def __post_init__(self) -> None:
+        _check(self.seq_len >= 8, f"seq_len={self.seq_len} must be >= 8")
+        _check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
+        _check(bool(self.sources), "sources must name at least one source")
+        _check(all(w >= 0 for w in self.sources.values()), f"sources={self.sources} weights must be >= 0")
+        _check(sum(self.sources.values()) > 0, f"sources={self.sources} needs a positive weight")
+        _check(self.tokenizer_chars >= 1000, f"tokenizer_chars={self.tokenizer_chars} must be >= 1000")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """The loop."""
+
+    steps: int = 1000
+    """Optimizer steps."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    seed: int = 0
+    """Seeds init, data, and elastic sampling (a pure function of seed and step)."""
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    """Compute dtype: ``bf16`` autocast with fp32 master weights, or plain fp32."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+    log_every: int = 10
+    """Steps between metrics.jsonl records."""
+    ckpt_every: int = 200
+    """Steps between checkpoints (the final step is always checkpointed)."""
+    keep_ckpts: int = 2
+    """Newest checkpoints kept."""
+    bias_speed: float = 1e-3
+    """Aux-loss-free bias update speed gamma (paper: 1e-4 at 8K, then 1e-5)."""
+    bias_speed_final: float = 1e-4
+    """Gamma after ``stage2_frac`` of the steps (the paper's mid-training value, relative)."""
+    mtp_weight: float = 0.3
+    """MTP loss weight lambda (paper and DeepSeek-V3: 0.3, then 0.1)."""
+    mtp_weight_final: float = 0.1
+    """MTP weight after ``stage2_frac`` of the steps."""
+    stage2_frac: float = 0.8
+    """Where the 8K-stage values switch to the mid-training values."""
+    modality_loss_weights: dict[str, float] = field(default_factory=dict)
+    """Static per-modality loss weights (missing = 1)."""
+    loss_balance: Literal["none", "posterior"] = "none"
+    """``posterior``: rescale each modality's loss by the inverse EMA of its own value, so the
+    modalities' losses sit on a comparable scale (our reading of the report's posterior weighting)."""
+    peak_flops: float = 0.0
+    """Peak FLOP/s for the MFU estimate (0 = measure a bf16 matmul at start)."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, f"steps={self.steps} must be >= 1")
+        _check(self.grad_accum >= 1, f"grad_accum={self.grad_accum} must be >= 1")
+        _check(self.threads >= 0, f"threads={self.threads} must be >= 0")
+        _check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
+        _check(self.ckpt_every >= 1, f"ckpt_every={self.ckpt_every} must be >= 1")
+        _check(self.keep_ckpts >= 1, f"keep_ckpts={self.keep_ckpts} must be >= 1")
+        _check(self.bias_speed >= 0 and self.bias_speed_final >= 0, "bias_speed values must be >= 0")
+        _check(self.mtp_weight >= 0 and self.mtp_weight_final >= 0, "mtp_weight values must be >= 0")
+        _check(0 <= self.stage2_frac <= 1, f"stage2_frac={self.stage2_frac} must be in [0, 1]")
+        _check(self.peak_flops >= 0, f"peak_flops={self.peak_flops} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    """Everything a pretraining run needs."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.data.seq_len <= self.model.max_seq_len,
+            f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}",
+        )

@@ -1,0 +1,431 @@
+"""Pretraining loop: elastic sub-model sampling, aux-free balancing, MTP, exact resume, DP.
+
+One optimizer step = ``grad_accum`` micro-batches, each with its own sampled sub-model; all of
+them are optimised in one backward per micro-batch with the same objective:
+
+    loss = weighted next-token NLL (per-modality weights) + lambda_MTP * mean_k L_MTP^k + aux
+
+After the step the router biases move by the aux-free rule from the step's summed expert loads
+(all-reduced across processes), and ``metrics.jsonl`` gets one record every ``log_every`` steps.
+
+Exact resume: model, optimizer, step and the loss-balance state are checkpointed; data and
+sub-model sampling are pure functions of ``(seed, step)``, so a resumed run reproduces the losses
+of an uninterrupted one. A run folder's newest *complete* checkpoint is the resume point (an
+interrupted checkpoint write is never complete), and ``metrics.jsonl`` is cut back to it.
+
+Data parallel: under ``accelerate launch`` every process gets its own micro-batches (the rank is
+part of the data seed) and the same sub-models; gradients are averaged with one all-reduce of a
+flat buffer, which also covers parameters a sub-model did not use (their gradient is zero).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ernie5.checkpoint import load_checkpoint, load_train_state, save_checkpoint
+from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
+from ernie5.data.root import resolve_data_dir
+from ernie5.model.model import Ernie5Model
+from ernie5.model.moe import MoE, update_router_bias
+from ernie5.params import count_params
+from ernie5.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
+from ernie5.sequence import MODALITIES
+from ernie5.tokenizers.text import TextTokenizer
+from train.config import RunConfig
+from train.data import TextStream, open_sources, tokenizer_corpus
+from train.elastic import sample_subnet
+from train.schedule import lr_at, staged
+
+CKPT_DIR = "checkpoints"
+
+
+class RunError(RuntimeError):
+    """A run folder cannot be used as asked (one-line message)."""
+
+
+@dataclass
+class Dist:
+    """Process-group facts; a single process when not launched by accelerate/torchrun."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        """Whether this process writes files."""
+        return self.rank == 0
+
+
+def init_dist() -> Dist:
+    """Join the process group started by ``accelerate launch`` (gloo on CPU), if any."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Dist()
+    from accelerate import PartialState
+
+    state = PartialState(backend="gloo" if not torch.cuda.is_available() else None)
+    return Dist(state.process_index, state.num_processes)
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = run_dir / CKPT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / "meta.json").is_file())
+
+
+def _param_groups(model: Ernie5Model, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.dim() >= 2 and "router" not in name else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def measure_peak_flops(dtype: torch.dtype = torch.bfloat16, n: int = 1024, reps: int = 5) -> float:
+    """Median FLOP/s of an ``n x n`` matmul in ``dtype`` (the MFU denominator)."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / sorted(times)[reps // 2]
+
+
+def _routing_entropy(counts_E: torch.Tensor, avail_E: torch.Tensor) -> float:
+    c = counts_E[avail_E].double()
+    n = int(avail_E.sum())
+    if n <= 1 or c.sum() == 0:
+        return 0.0
+    p = c / c.sum()
+    h = -(p[p > 0] * p[p > 0].log()).sum()
+    return float(h / math.log(n))
+
+
+class Trainer:
+    """State of one pretraining run; :meth:`run` does the work."""
+
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, *, resume: bool, data_dir: str | None, quiet: bool = False
+    ):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.dist = init_dist()
+        self.quiet = quiet
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        self.data_dir = resolve_data_dir(data_dir or cfg.data.data_dir or None)
+        self.start_step = 0
+        self.resume_dir = self._prepare_run_dir(resume)
+
+    # ---------------------------------------------------------------- setup
+    def _prepare_run_dir(self, resume: bool) -> Path | None:
+        run_dir = self.run_dir
+        cfg_path = run_dir / "config.yaml"
+        ckpts = checkpoint_dirs(run_dir)
+        if not resume and (ckpts or cfg_path.exists()):
+            raise RunError(
+                f"run folder {run_dir} already holds a run; pass --resume to continue it, or a new --out"
+            )
+        if resume and cfg_path.exists():
+            try:
+                stored = from_dict(RunConfig, read_yaml(cfg_path))
+            except ConfigError as e:
+                raise RunError(f"{cfg_path}: {e}") from None
+            if to_dict(stored) != to_dict(self.cfg):
+                diff = _first_difference(to_dict(stored), to_dict(self.cfg))
+                raise RunError(f"--resume with a different config than {cfg_path} ({diff})")
+        return ckpts[-1] if (resume and ckpts) else None
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        self.sources = open_sources(cfg.data, self.data_dir)
+        tok_path = self.run_dir / "tokenizer.json"
+        if self.resume_dir is not None:
+            ckpt = load_checkpoint(self.resume_dir)
+            self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
+        else:
+            if self.dist.main and not tok_path.exists():
+                corpus = tokenizer_corpus(self.sources, cfg.data.tokenizer_chars, cfg.train.seed)
+                tok = TextTokenizer.train(corpus, cfg.model.vocab_size)
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                tok.save(tok_path)
+            self._barrier()
+            self.tokenizer = TextTokenizer.load(tok_path)
+            torch.manual_seed(cfg.train.seed)
+            self.model = Ernie5Model(cfg.model)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            _param_groups(self.model, cfg.optim.weight_decay),
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            eps=cfg.optim.eps,
+            fused=cfg.optim.fused,
+        )
+        self.balance_ema: dict[str, float] = {}
+        if self.resume_dir is not None:
+            _, state = load_train_state(self.resume_dir, optimizer=self.optimizer)
+            self.start_step = int(state["step"])
+            self.balance_ema = dict(state.get("balance_ema", {}))
+        self.stream = TextStream(cfg.data, self.sources, self.tokenizer, cfg.train.seed)
+        self.moe_layers = {i: b.ffn for i, b in enumerate(self.model.layers) if isinstance(b.ffn, MoE)}
+        self.autocast = cfg.train.dtype == "bf16"
+        self.peak = cfg.train.peak_flops or measure_peak_flops(
+            torch.bfloat16 if self.autocast else torch.float32
+        )
+        if self.dist.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.run_dir / "config.yaml", dump(self.cfg))
+            meta = provenance(self.cfg.train.seed)
+            meta.update(
+                {
+                    "world_size": self.dist.world,
+                    "data_dir": str(self.data_dir) if self.data_dir else None,
+                    "data_sources": self.sources.names,
+                    "data_sources_skipped": self.sources.skipped,
+                    "resumed_from": str(self.resume_dir) if self.resume_dir else None,
+                    "peak_flops": self.peak,
+                }
+            )
+            write_json(self.run_dir / "meta.json", meta)
+            metrics = self.run_dir / "metrics.jsonl"
+            kept = [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step]
+            rewrite_jsonl(metrics, kept)
+
+    def _barrier(self) -> None:
+        if self.dist.world > 1:
+            torch.distributed.barrier()
+
+    # ---------------------------------------------------------------- loop
+    def _modality_weights(self) -> dict[str, float]:
+        w = {m: self.cfg.train.modality_loss_weights.get(m, 1.0) for m in MODALITIES}
+        if self.cfg.train.loss_balance == "posterior" and self.balance_ema:
+            ref = sum(self.balance_ema.values()) / len(self.balance_ema)
+            for m, ema in self.balance_ema.items():
+                w[m] *= ref / max(ema, 1e-6)
+        return w
+
+    def _micro_step(self, step: int, micro: int, weights: dict[str, float]) -> dict:
+        cfg = self.cfg
+        batch = self.stream.batch(step, micro, self.dist.rank)
+        subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, micro)
+        mod_w = torch.tensor([weights[m] for m in MODALITIES])[batch.modality.long()]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            out = self.model(
+                **{**batch.model_inputs(), "loss_weights_BT": batch.loss_weights * mod_w},
+                subnet=subnet,
+                return_logits=False,
+            )
+        mtp_w = staged(step, cfg.train.steps, cfg.train.mtp_weight, cfg.train.mtp_weight_final, cfg.train)
+        mtp = torch.stack(out.mtp_losses).mean() if out.mtp_losses else None
+        total = out.loss
+        if mtp is not None and mtp_w > 0:
+            total = total + mtp_w * mtp
+        if out.aux_loss is not None:
+            total = total + out.aux_loss
+        (total / cfg.train.grad_accum).backward()
+        with torch.no_grad():
+            valid = batch.targets != -100
+            per_mod = {}
+            for i, m in enumerate(MODALITIES):
+                sel = valid & (batch.modality == i)
+                if sel.any():
+                    per_mod[m] = float(out.nll_BT[sel].mean())
+        counts = {i: r.counts_E.detach() for i, r in out.routing.items()}
+        avail = {}
+        for i in self.moe_layers:
+            mask = subnet.expert_mask(i, cfg.model.moe.n_experts, torch.device("cpu"))
+            avail[i] = mask if mask is not None else torch.ones(cfg.model.moe.n_experts, dtype=torch.bool)
+        return {
+            "loss": float(out.loss.detach()),
+            "total": float(total.detach()),
+            "mtp": float(mtp.detach()) if mtp is not None else None,
+            "aux": float(out.aux_loss.detach()) if out.aux_loss is not None else None,
+            "per_mod": per_mod,
+            "dims": dims,
+            "counts": counts,
+            "avail": avail,
+            "tokens": int(valid.sum()),
+            "active": count_params(cfg.model, subnet, cfg.data.seq_len).active_params_no_embedding,
+        }
+
+    def _allreduce_grads(self) -> None:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        torch.distributed.all_reduce(flat)
+        flat /= self.dist.world
+        for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
+            p.grad = g
+
+    def _update_biases(self, step: int, micros: list[dict]) -> None:
+        speed = staged(
+            step,
+            self.cfg.train.steps,
+            self.cfg.train.bias_speed,
+            self.cfg.train.bias_speed_final,
+            self.cfg.train,
+        )
+        for i, moe in self.moe_layers.items():
+            counts = sum(m["counts"][i] for m in micros if i in m["counts"])
+            if isinstance(counts, int):
+                continue  # the layer was skipped by every micro-batch of this step
+            avail = torch.zeros_like(micros[0]["avail"][i])
+            for m in micros:
+                if i in m["counts"]:
+                    avail |= m["avail"][i]
+            if self.dist.world > 1:
+                counts = counts.clone()
+                torch.distributed.all_reduce(counts)
+            update_router_bias(moe, counts, speed, avail)
+
+    def _checkpoint(self, step: int) -> None:
+        if not self.dist.main:
+            return
+        root = self.run_dir / CKPT_DIR
+        path = root / f"step_{step:08d}"
+        state = {"step": step, "balance_ema": self.balance_ema}
+        tensors = {"torch_rng": torch.get_rng_state()}
+        save_checkpoint(
+            path,
+            self.model,
+            tokenizer=self.tokenizer,
+            meta={**provenance(self.cfg.train.seed), "step": step, "subnet": None, "run": str(self.run_dir)},
+            train_state=(self.optimizer, tensors, state),
+        )
+        for old in checkpoint_dirs(self.run_dir)[: -self.cfg.train.keep_ckpts]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def run(self) -> dict:
+        """Train to ``train.steps``; returns the last logged record."""
+        self._setup()
+        self._barrier()
+        cfg = self.cfg
+        steps = cfg.train.steps
+        last: dict = {}
+        bar = None
+        if self.dist.main and not self.quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=steps, initial=self.start_step, desc="train", unit="step", dynamic_ncols=True)
+        for step in range(self.start_step, steps):
+            t0 = time.perf_counter()
+            lr = lr_at(step, steps, cfg.optim.lr, cfg.schedule)
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
+            weights = self._modality_weights()
+            micros = [self._micro_step(step, m, weights) for m in range(cfg.train.grad_accum)]
+            if self.dist.world > 1:
+                self._allreduce_grads()
+            grad_norm = (
+                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))
+                if cfg.optim.grad_clip > 0
+                else float("nan")
+            )
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._update_biases(step, micros)
+            self._update_balance(micros)
+            dt = time.perf_counter() - t0
+            done = step + 1
+            if done % cfg.train.log_every == 0 or done == steps:
+                last = self._record(done, lr, grad_norm, micros, dt)
+                if self.dist.main:
+                    append_jsonl(self.run_dir / "metrics.jsonl", last)
+            if done % cfg.train.ckpt_every == 0 or done == steps:
+                self._checkpoint(done)
+                self._barrier()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{micros[0]['loss']:.3f}", lr=f"{lr:.2e}")
+        if bar is not None:
+            bar.close()
+        return last
+
+    def _update_balance(self, micros: list[dict]) -> None:
+        for m in micros:
+            for mod, v in m["per_mod"].items():
+                old = self.balance_ema.get(mod)
+                self.balance_ema[mod] = v if old is None else 0.98 * old + 0.02 * v
+
+    def _record(self, step: int, lr: float, grad_norm: float, micros: list[dict], dt: float) -> dict:
+        n = len(micros)
+        tokens = sum(m["tokens"] for m in micros) * self.dist.world
+        active = sum(m["active"] for m in micros) / n
+        rec = {
+            "step": step,
+            "loss": sum(m["loss"] for m in micros) / n,
+            "loss_total": sum(m["total"] for m in micros) / n,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": tokens,
+            "tokens_per_s": tokens / dt,
+            "mfu": 6 * active * tokens / dt / self.peak,
+            "subnets": [{**m["dims"], "loss": m["loss"]} for m in micros],
+        }
+        mtps = [m["mtp"] for m in micros if m["mtp"] is not None]
+        if mtps:
+            rec["loss_mtp"] = sum(mtps) / len(mtps)
+        auxs = [m["aux"] for m in micros if m["aux"] is not None]
+        if auxs:
+            rec["loss_aux"] = sum(auxs) / len(auxs)
+        for mod in MODALITIES:
+            vals = [m["per_mod"][mod] for m in micros if mod in m["per_mod"]]
+            if vals:
+                rec[f"loss_{mod}"] = sum(vals) / len(vals)
+        full = {
+            "depth": self.cfg.model.n_layers,
+            "width": self.cfg.model.moe.n_experts,
+            "top_k": self.cfg.model.moe.top_k,
+        }
+        for dim, full_v in full.items():
+            for tag, pick in (("full", lambda v, f=full_v: v == f), ("reduced", lambda v, f=full_v: v != f)):
+                vals = [m["loss"] for m in micros if pick(m["dims"][dim])]
+                if vals:
+                    rec[f"loss_{dim}_{tag}"] = sum(vals) / len(vals)
+        ent = []
+        for i in self.moe_layers:
+            got = [(m["counts"][i], m["avail"][i]) for m in micros if i in m["counts"]]
+            if got:
+                ent.append(_routing_entropy(sum(c for c, _ in got), got[0][1]))
+        if ent:
+            rec["routing_entropy"] = sum(ent) / len(ent)
+            rec["routing_entropy_per_layer"] = ent
+        return rec
+
+
+def _first_difference(a: dict, b: dict, prefix: str = "") -> str:
+    for k in sorted(set(a) | set(b)):
+        key = f"{prefix}{k}"
+        if k not in a or k not in b:
+            return f"{key} differs"
+        if isinstance(a[k], dict) and isinstance(b[k], dict):
+            sub = _first_difference(a[k], b[k], key + ".")
+            if sub:
+                return sub
+        elif a[k] != b[k]:
+            return f"{key}: {a[k]!r} -> {b[k]!r}"
+    return ""
+
+
+def pretrain(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    data_dir: str | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Train ``cfg`` into ``run_dir`` (continuing its newest checkpoint with ``resume``)."""
+    return Trainer(cfg, Path(run_dir), resume=resume, data_dir=data_dir, quiet=quiet).run()
