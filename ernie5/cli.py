@@ -254,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from ernie5.runtime import tune_allocator
+
+    tune_allocator()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -125,7 +125,7 @@ class TrainConfig:
     seed: int = 0
     """Seeds init, data, and elastic sampling (a pure function of seed and step)."""
     dtype: Literal["bf16", "fp32"] = "bf16"
-    """Compute dtype: ``bf16`` autocast with fp32 master weights, or plain fp32."""
+    """Compute dtype: ``bf16`` (a bf16 compute replica with fp32 master weights) or plain ``fp32``."""
     threads: int = 0
     """torch CPU threads (0 = leave torch's default)."""
     log_every: int = 10

@@ -1,6 +1,7 @@
 """Pretraining loop: elastic sub-model sampling, aux-free balancing, MTP, exact resume, DP.
 
-One optimizer step = ``grad_accum`` micro-batches, each with its own sampled sub-model; all of
+Mixed precision: fp32 master weights (optimizer, checkpoints) and a bf16 compute replica
+(``train.precision``). One optimizer step = ``grad_accum`` micro-batches, each with its own sampled sub-model; all of
 them are optimised in one backward per micro-batch with the same objective:
 
     loss = weighted next-token NLL (per-modality weights) + lambda_MTP * mean_k L_MTP^k + aux
@@ -40,6 +41,7 @@ from ernie5.tokenizers.text import TextTokenizer
 from train.config import RunConfig
 from train.data import TextStream, open_sources, tokenizer_corpus
 from train.elastic import sample_subnet
+from train.precision import MixedPrecision
 from train.schedule import lr_at, staged
 
 CKPT_DIR = "checkpoints"
@@ -180,9 +182,9 @@ class Trainer:
             self.balance_ema = dict(state.get("balance_ema", {}))
         self.stream = TextStream(cfg.data, self.sources, self.tokenizer, cfg.train.seed)
         self.moe_layers = {i: b.ffn for i, b in enumerate(self.model.layers) if isinstance(b.ffn, MoE)}
-        self.autocast = cfg.train.dtype == "bf16"
+        self.precision = MixedPrecision(self.model, cfg.train.dtype)
         self.peak = cfg.train.peak_flops or measure_peak_flops(
-            torch.bfloat16 if self.autocast else torch.float32
+            torch.bfloat16 if self.precision.bf16 else torch.float32
         )
         if self.dist.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -221,12 +223,11 @@ class Trainer:
         batch = self.stream.batch(step, micro, self.dist.rank)
         subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, micro)
         mod_w = torch.tensor([weights[m] for m in MODALITIES])[batch.modality.long()]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-            out = self.model(
-                **{**batch.model_inputs(), "loss_weights_BT": batch.loss_weights * mod_w},
-                subnet=subnet,
-                return_logits=False,
-            )
+        out = self.precision.compute(
+            **{**batch.model_inputs(), "loss_weights_BT": batch.loss_weights * mod_w},
+            subnet=subnet,
+            return_logits=False,
+        )
         mtp_w = staged(step, cfg.train.steps, cfg.train.mtp_weight, cfg.train.mtp_weight_final, cfg.train)
         mtp = torch.stack(out.mtp_losses).mean() if out.mtp_losses else None
         total = out.loss
@@ -235,6 +236,7 @@ class Trainer:
         if out.aux_loss is not None:
             total = total + out.aux_loss
         (total / cfg.train.grad_accum).backward()
+        self.precision.accumulate_grads()
         with torch.no_grad():
             valid = batch.targets != -100
             per_mod = {}
@@ -336,6 +338,7 @@ class Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self._update_biases(step, micros)
+            self.precision.sync()
             self._update_balance(micros)
             dt = time.perf_counter() - t0
             done = step + 1

@@ -235,13 +235,14 @@ class _GroupedSwiGLU(torch.autograd.Function):
             w13 = w13_EFD if lv.experts is None else w13_EFD[lv.experts]
             w2 = w2_EDF if lv.experts is None else w2_EDF[lv.experts]
             e = w13.shape[0]
-            x_ECD = x_pad[lv.tok_EC].view(e, lv.cap, d)
+            x_ECD = x_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
             h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
             g, u = h_EFC.chunk(2, dim=1)
-            y_ECD = torch.bmm(w2, F.silu(g) * u).transpose(1, 2)
-            gate_EC1 = g_pad[lv.pair_EC].view(e, lv.cap, 1)
+            act_EFC = F.silu(g).mul_(u)
+            y_ECD = torch.bmm(w2, act_EFC).transpose(1, 2)
+            gate_EC1 = g_pad.index_select(0, lv.pair_EC).view(e, lv.cap, 1)
             y_pad.index_add_(0, lv.tok_EC, (y_ECD * gate_EC1).reshape(-1, d))
-            saved.append((x_ECD, h_EFC, y_ECD, gate_EC1))
+            saved.append((x_ECD, h_EFC, act_EFC, y_ECD, gate_EC1))
         ctx.levels = levels
         ctx.saved = saved
         ctx.shapes = (n, d, gates_P.numel(), gates_P.dtype)
@@ -256,19 +257,20 @@ class _GroupedSwiGLU(torch.autograd.Function):
         dx_pad = dy_ND.new_zeros(n + 1, d)
         dg_pad = torch.zeros(n_pairs + 1, dtype=torch.float32, device=dy_ND.device)
         dw13 = dw2 = None
-        for lv, (x_ECD, h_EFC, y_ECD, gate_EC1) in zip(ctx.levels, ctx.saved):
+        for lv, (x_ECD, h_EFC, act_EFC, y_ECD, gate_EC1) in zip(ctx.levels, ctx.saved):
             w13 = w13_EFD if lv.experts is None else w13_EFD[lv.experts]
             w2 = w2_EDF if lv.experts is None else w2_EDF[lv.experts]
             e = w13.shape[0]
-            dy_ECD = dy_pad[lv.tok_EC].view(e, lv.cap, d)
-            dg_pad.index_add_(0, lv.pair_EC, (dy_ECD * y_ECD).float().sum(-1).reshape(-1))
+            dy_ECD = dy_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
+            dg_pad.index_add_(0, lv.pair_EC, (dy_ECD * y_ECD).sum(-1, dtype=torch.float32).reshape(-1))
             dy_ECD = dy_ECD * gate_EC1
             g, u = h_EFC.chunk(2, dim=1)
-            sig = torch.sigmoid(g)
-            silu_g = g * sig
-            d_w2 = torch.bmm(dy_ECD.transpose(1, 2), (silu_g * u).transpose(1, 2))
+            d_w2 = torch.bmm(dy_ECD.transpose(1, 2), act_EFC.transpose(1, 2))
             d_act = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
-            d_h = torch.cat([d_act * u * (sig * (1 + g * (1 - sig))), d_act * silu_g], dim=1)
+            d_h = torch.empty_like(h_EFC)
+            d_g, d_u = d_h.chunk(2, dim=1)
+            torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
+            torch.mul(d_act, F.silu(g), out=d_u)
             d_w13 = torch.bmm(d_h, x_ECD)
             d_x = torch.bmm(w13.transpose(1, 2), d_h).transpose(1, 2)
             dx_pad.index_add_(0, lv.tok_EC, d_x.reshape(-1, d))

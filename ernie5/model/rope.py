@@ -58,8 +58,12 @@ def rope_cos_sin(
 
 
 def apply_rope(x_BHTD: torch.Tensor, cos_BTP: torch.Tensor, sin_BTP: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (half-split pair layout) by the given tables; keeps ``x``'s dtype."""
-    x1, x2 = x_BHTD.float().chunk(2, dim=-1)
-    cos, sin = cos_BTP[:, None], sin_BTP[:, None]
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return out.to(x_BHTD.dtype)
+    """Rotate ``x`` (half-split pair layout) by the given tables, in ``x``'s dtype.
+
+    The tables are computed in fp32 and rounded to ``x``'s dtype once (as Hugging Face does); the
+    rotation then runs without fp32 copies of the activations.
+    """
+    x1, x2 = x_BHTD.chunk(2, dim=-1)
+    cos = cos_BTP[:, None].to(x_BHTD.dtype)
+    sin = sin_BTP[:, None].to(x_BHTD.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -1,0 +1,37 @@
+"""Process-level runtime tuning, applied explicitly by the entry points (never at import).
+
+glibc's malloc returns every large block (over 128 KiB by default, adaptively up to 32 MiB) to the
+kernel when it is freed, so each training step re-faults hundreds of MB of fresh pages: measured
+here, a nano training step at 8k tokens spent ~30 % of its time in page faults of freshly
+allocated temporaries (``log_softmax`` on the logits ran 8x slower than with warm memory).
+Raising the mmap and trim thresholds keeps freed memory in the process for reuse.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_DONE = False
+
+
+def tune_allocator() -> bool:
+    """Keep freed large blocks in the process (glibc only); returns whether it applied."""
+    global _DONE
+    if _DONE:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        ok = (
+            libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1
+            and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
+        )
+    except (OSError, AttributeError):
+        return False
+    _DONE = ok
+    return ok
