@@ -1,11 +1,12 @@
 """``ernie5 bench train``: training throughput and MFU at the nano shape.
 
 One optimizer step of the real training loop's work (forward with targets and the MTP loss,
-backward, gradient clipping, fused AdamW, aux-free bias update) on ``batch_size x seq_len`` tokens
-of random ids, for the full model (no elastic sampling, so every step does the same work), with
-fp32 master weights and a bf16 compute replica (``train.precision``), as ``ernie5 train`` runs. ``mfu = 6 * active_params_no_embedding * tokens_per_s /
-peak`` with ``peak`` this machine's bf16 matmul FLOP/s measured in the same process
-(perf-anchors.md convention: attention-score FLOPs ignored).
+backward, gradient clipping, fused AdamW, aux-free bias update) on ``batch_size x seq_len``
+tokens of random ids, for the full model (no elastic sampling, so every step does the same
+work), with fp32 master weights and a bf16 compute replica (``train.precision``), as
+``ernie5 train`` runs. ``mfu = 6 * active_params_no_embedding * tokens_per_s / peak`` with
+``peak`` this machine's bf16 matmul FLOP/s measured in the same process (perf-anchors.md
+convention: attention-score FLOPs ignored).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Pretraining loop: elastic sub-model sampling, aux-free balancing, MTP, exact resume, DP.
 
 Mixed precision: fp32 master weights (optimizer, checkpoints) and a bf16 compute replica
-(``train.precision``). One optimizer step = ``grad_accum`` micro-batches, each with its own sampled sub-model; all of
-them are optimised in one backward per micro-batch with the same objective:
+(``train.precision``). One optimizer step = ``grad_accum`` micro-batches, each with its own
+sampled sub-model; all of them are optimised with the same objective:
 
     loss = weighted next-token NLL (per-modality weights) + lambda_MTP * mean_k L_MTP^k + aux
 
