@@ -1,8 +1,10 @@
 """The pretraining data stream: weighted text sources packed into fixed-length rows.
 
-A batch is a pure function of ``(seed, step, micro, rank)``: every row is filled with documents
-drawn from a generator seeded by those numbers. Resuming at step ``s`` therefore reproduces the
-exact batches of an uninterrupted run, and processes never see each other's data.
+A batch is a pure function of ``(seed, step, index)``, ``index`` being the micro-batch's global
+index across processes: every row is filled with documents drawn from a generator seeded by those
+numbers. Resuming at step ``s`` therefore reproduces the exact batches of an uninterrupted run,
+processes never see each other's data, and W processes x A micro-batches see the same batches as
+one process accumulating W*A.
 
 Sources (``data.sources`` weights; the ones whose files are missing under the data root are left
 out and the weights renormalised, so a fresh machine trains on the procedural source alone):
@@ -120,7 +122,7 @@ def tokenizer_corpus(sources: OpenedSources, n_chars: int, seed: int) -> list[st
 
 
 class TextStream:
-    """Deterministic packed batches for (step, micro, rank)."""
+    """Deterministic packed batches for (step, global micro-batch index)."""
 
     def __init__(self, cfg: DataConfig, sources: OpenedSources, tokenizer: TextTokenizer, seed: int) -> None:
         self.cfg = cfg
@@ -128,9 +130,9 @@ class TextStream:
         self.tokenizer = tokenizer
         self.seed = seed
 
-    def batch(self, step: int, micro: int = 0, rank: int = 0) -> Batch:
-        """The micro-batch ``micro`` of optimizer step ``step`` on process ``rank``."""
-        rng = random.Random(f"data/{self.seed}/{step}/{micro}/{rank}")
+    def batch(self, step: int, index: int = 0) -> Batch:
+        """Micro-batch ``index`` of optimizer step ``step`` (the index is global across processes)."""
+        rng = random.Random(f"data/{self.seed}/{step}/{index}")
         seq_len, rows = self.cfg.seq_len, self.cfg.batch_size
         docs = []
         for _ in range(rows):  # fill every row exactly to seq_len

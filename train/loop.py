@@ -14,9 +14,11 @@ sub-model sampling are pure functions of ``(seed, step)``, so a resumed run repr
 of an uninterrupted one. A run folder's newest *complete* checkpoint is the resume point (an
 interrupted checkpoint write is never complete), and ``metrics.jsonl`` is cut back to it.
 
-Data parallel: under ``accelerate launch`` every process gets its own micro-batches (the rank is
-part of the data seed) and the same sub-models; gradients are averaged with one all-reduce of a
-flat buffer, which also covers parameters a sub-model did not use (their gradient is zero).
+Data parallel: under ``accelerate launch --multi_gpu --num_processes N`` (torchrun; on a CPU-only
+machine the processes form a gloo group), micro-batch ``a`` of process ``r`` is global micro-batch
+``a * N + r``, with its own data and sub-model, so N processes reproduce one process accumulating
+N times as many micro-batches. Gradients are averaged with one all-reduce of a flat buffer, which
+also covers parameters a sub-model did not use (their gradient is zero).
 """
 
 from __future__ import annotations
@@ -220,8 +222,11 @@ class Trainer:
 
     def _micro_step(self, step: int, micro: int, weights: dict[str, float]) -> dict:
         cfg = self.cfg
-        batch = self.stream.batch(step, micro, self.dist.rank)
-        subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, micro)
+        # Global micro-batch index: W processes x A micro-batches see exactly the batches (and
+        # sub-models) that one process with W*A accumulation steps would.
+        index = micro * self.dist.world + self.dist.rank
+        batch = self.stream.batch(step, index)
+        subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, index)
         mod_w = torch.tensor([weights[m] for m in MODALITIES])[batch.modality.long()]
         out = self.precision.compute(
             **{**batch.model_inputs(), "loss_weights_BT": batch.loss_weights * mod_w},
@@ -267,9 +272,26 @@ class Trainer:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch._utils._flatten_dense_tensors(grads)
         torch.distributed.all_reduce(flat)
-        flat /= self.dist.world
+        flat /= self.dist.world  # each process already divided by its grad_accum
         for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
             p.grad = g
+
+    def _gather_micros(self, micros: list[dict]) -> list[dict]:
+        """Every process's micro-batch records, in global micro-batch order (for logging and the
+        loss-balance state, which must be identical on every process)."""
+        light = [{k: v for k, v in m.items() if k not in ("counts", "avail")} for m in micros]
+        gathered: list = [None] * self.dist.world
+        torch.distributed.all_gather_object(gathered, light)
+        out = []
+        for a in range(len(micros)):
+            for r in range(self.dist.world):
+                rec = dict(gathered[r][a])
+                if r == self.dist.rank:
+                    rec.update(counts=micros[a]["counts"], avail=micros[a]["avail"])
+                else:
+                    rec.update(counts={}, avail={})
+                out.append(rec)
+        return out
 
     def _update_biases(self, step: int, micros: list[dict]) -> None:
         speed = staged(
@@ -279,17 +301,19 @@ class Trainer:
             self.cfg.train.bias_speed_final,
             self.cfg.train,
         )
+        n_exp = self.cfg.model.moe.n_experts
         for i, moe in self.moe_layers.items():
-            counts = sum(m["counts"][i] for m in micros if i in m["counts"])
-            if isinstance(counts, int):
-                continue  # the layer was skipped by every micro-batch of this step
-            avail = torch.zeros_like(micros[0]["avail"][i])
+            counts = torch.zeros(n_exp, dtype=torch.long)
+            avail = torch.zeros(n_exp, dtype=torch.bool)
             for m in micros:
-                if i in m["counts"]:
+                if i in m["counts"]:  # the layer ran in this micro-batch
+                    counts += m["counts"][i]
                     avail |= m["avail"][i]
-            if self.dist.world > 1:
-                counts = counts.clone()
+            if self.dist.world > 1:  # every process joins, whichever layers it ran
                 torch.distributed.all_reduce(counts)
+                avail_i = avail.to(torch.int32)
+                torch.distributed.all_reduce(avail_i, op=torch.distributed.ReduceOp.MAX)
+                avail = avail_i.bool()
             update_router_bias(moe, counts, speed, avail)
 
     def _checkpoint(self, step: int) -> None:
@@ -330,6 +354,7 @@ class Trainer:
             micros = [self._micro_step(step, m, weights) for m in range(cfg.train.grad_accum)]
             if self.dist.world > 1:
                 self._allreduce_grads()
+                micros = self._gather_micros(micros)
             grad_norm = (
                 float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))
                 if cfg.optim.grad_clip > 0
@@ -364,7 +389,7 @@ class Trainer:
 
     def _record(self, step: int, lr: float, grad_norm: float, micros: list[dict], dt: float) -> dict:
         n = len(micros)
-        tokens = sum(m["tokens"] for m in micros) * self.dist.world
+        tokens = sum(m["tokens"] for m in micros)
         active = sum(m["active"] for m in micros) / n
         rec = {
             "step": step,
@@ -374,7 +399,7 @@ class Trainer:
             "grad_norm": grad_norm,
             "tokens": tokens,
             "tokens_per_s": tokens / dt,
-            "mfu": 6 * active * tokens / dt / self.peak,
+            "mfu": 6 * active * tokens / dt / (self.peak * self.dist.world),
             "subnets": [{**m["dims"], "loss": m["loss"]} for m in micros],
         }
         mtps = [m["mtp"] for m in micros if m["mtp"] is not None]
