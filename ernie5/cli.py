@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
+EXIT_REGRESSION = 1
 
 
 class CLIError(Exception):
@@ -37,12 +38,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         DataMissing,
         TokenizerError,
     ]
-    try:
-        from train.loop import RunError
+    from ernie5.data.text import DataCorrupt
+    from evals.adapter import EvalInputError
+    from reports.load import ReportError
+    from train.loop import RunError
 
-        errors.append(RunError)
-    except ImportError:
-        pass
+    errors += [DataCorrupt, EvalInputError, RunError, ReportError]
     return tuple(errors)
 
 
@@ -172,6 +173,75 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tasks(args) -> int:
+    """``ernie5 tasks``."""
+    from ernie5.data.root import resolve_data_dir
+    from evals.catalog import format_table, list_tasks
+
+    rows = list_tasks(resolve_data_dir(args.data_dir))
+    if args.json:
+        _print_json(rows)
+    else:
+        print(format_table(rows))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """``ernie5 sweep``."""
+    from evals.sweep import run_sweep
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.resume and not (out / "units").is_dir():
+        raise CLIError(f"--out {out} exists and is not a sweep run folder; choose a new folder")
+    summary = run_sweep(
+        args.checkpoint,
+        args.suite,
+        out,
+        data_dir=args.data_dir,
+        limit=args.limit,
+        cache_path=args.cache,
+        quiet=args.quiet,
+        argv=sys.argv,
+    )
+    print(json.dumps(_sweep_summary(summary)))
+    return 0
+
+
+def _sweep_summary(s) -> dict:
+    return {
+        "run_dir": str(s.run_dir),
+        "units": s.n_units,
+        "computed": s.computed,
+        "reused": s.reused,
+        "skipped": s.skipped,
+        "errors": s.errors,
+        "unit_wall_s": round(s.wall_s, 3),
+        "model_s": round(s.model_s, 3),
+        "harness_overhead_share": round(s.overhead_share, 4),
+        "cache_hits": s.cache_hits,
+        "cache_misses": s.cache_misses,
+    }
+
+
+def cmd_report(args) -> int:
+    """``ernie5 report``."""
+    from reports import build_report
+
+    out = build_report(args.run_dir, args.out)
+    print(out / "index.html")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    """``ernie5 compare``: with --fail-on-regression, exit 1 on any significant regression."""
+    from reports import compare_runs
+
+    result = compare_runs(args.base_run, args.new_run, args.out)
+    print(result.summary_markdown)
+    print(f"written to {result.out_dir}", file=sys.stderr)
+    return EXIT_REGRESSION if args.fail_on_regression and result.has_regression else 0
+
+
 def cmd_nightly(args) -> int:
     """``ernie5 nightly``: the main job."""
     from evals.nightly import run_nightly
@@ -240,11 +310,48 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
     b.set_defaults(fn=cmd_bench)
 
+    ta = sub.add_parser(
+        "tasks", help="list the registered evaluation tasks and whether their data is present"
+    )
+    ta.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    ta.add_argument("--json", action="store_true", help="print JSON")
+    ta.set_defaults(fn=cmd_tasks)
+
+    sw = sub.add_parser("sweep", help="evaluate every (sub-model, task) unit of a suite on a checkpoint")
+    sw.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder")
+    sw.add_argument("--suite", required=True, help="suite name (smoke, nightly, full) or YAML file")
+    sw.add_argument(
+        "--out", required=True, help="run folder (units already there with a matching fingerprint are kept)"
+    )
+    sw.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    sw.add_argument("--limit", type=int, help="cap the examples of every task")
+    sw.add_argument(
+        "--resume", action="store_true", help="continue a run folder (same as running into it again)"
+    )
+    sw.add_argument("--cache", help="response cache file (default: RUN_DIR/cache.sqlite)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.set_defaults(fn=cmd_sweep)
+
+    r = sub.add_parser("report", help="HTML report, Markdown summary and CSV/JSON tables of a sweep run")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="sweep run folder (manifest.json, units/, ...)")
+    r.add_argument("--out", default=None, help="report folder (default: RUN_DIR/report)")
+    r.set_defaults(fn=cmd_report)
+
+    c = sub.add_parser("compare", help="paired per-(subnet, task) comparison of two sweep runs")
+    c.add_argument("base_run", metavar="BASE_RUN", help="baseline run folder (e.g. last night's)")
+    c.add_argument("new_run", metavar="NEW_RUN", help="run folder under test")
+    c.add_argument("--out", default=None, help="output folder (default: NEW_RUN/report/compare-<BASE name>)")
+    c.add_argument(
+        "--fail-on-regression", action="store_true", help="exit 1 on any significant regression (CI gate)"
+    )
+    c.set_defaults(fn=cmd_compare)
+
     n = sub.add_parser("nightly", help="the main job: train or reuse a model, sweep the nightly suite")
     n.add_argument("--checkpoint", help="evaluate this checkpoint instead of training one")
     n.add_argument("--suite", default="nightly", help="suite name or YAML file")
     n.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     n.add_argument("--out", default=None, help="run folder (default: runs/nightly-<date>)")
+    n.add_argument("--baseline", help="an earlier run folder to compare against")
     n.add_argument("--quiet", action="store_true")
     n.set_defaults(fn=cmd_nightly)
     return p

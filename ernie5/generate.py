@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ernie5.model.elastic import Subnet
-from ernie5.model.model import Ernie5Model
+from ernie5.model.model import Ernie5Model, ModelOutput
 from ernie5.model.rope import text_positions
 from ernie5.tokenizers.special import PAD
 
@@ -60,11 +60,13 @@ def generate(
     seed: int = 0,
     eos_id: int | None = None,
     should_stop: Callable[[int, list[int]], bool] | None = None,
+    on_forward: Callable[[ModelOutput, torch.Tensor], None] | None = None,
 ) -> list[list[int]]:
     """Continue each prompt; returns only the new tokens of each row.
 
     A row stops at ``eos_id`` (not returned), when ``should_stop(row, new_tokens)`` says so (e.g. a
-    stop string appeared), or after ``max_new_tokens``.
+    stop string appeared), or after ``max_new_tokens``. ``on_forward(output, real_BT)`` sees every
+    forward's output with the mask of its non-padding positions (e.g. to count expert loads).
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -91,6 +93,8 @@ def generate(
     out = model(
         ids, positions_3BT=pos.expand(3, b, t0), doc_ids_BT=doc, block_ids_BT=blk, subnet=subnet, cache=cache
     )
+    if on_forward is not None:
+        on_forward(out, doc >= 0)
     next_pos = torch.tensor(lens, device=device)
     new: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
@@ -117,6 +121,8 @@ def generate(
             subnet=subnet,
             cache=cache,
         )
+        if on_forward is not None:
+            on_forward(out, torch.tensor([[not d] for d in done], device=device))
         next_pos = next_pos + 1
         logits = out.logits_BTV[:, -1]
     return new

@@ -1,9 +1,6 @@
-"""The evaluation harness: tasks, metrics, the model protocol and a random baseline model.
+"""The evaluation harness: tasks, metrics, the model protocol, the sweep and the lm-eval bridge.
 
-Importing :mod:`evals` registers every task in :data:`evals.task.TASKS`.
+Importing :mod:`evals` is cheap and registers nothing; ``import evals.tasks`` registers every task
+in :data:`evals.task.TASKS` (the suite loader, the catalog and the sweep do so). ``reports/`` may
+therefore import :mod:`evals.results` and :mod:`evals.metrics` without loading any task.
 """
-
-from evals import tasks
-from evals.task import TASKS, Example, Task
-
-__all__ = ["TASKS", "Example", "Task", "tasks"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import evals.tasks  # noqa: F401 - registers every task
 from ernie5.data.root import resolve_data_dir
 from evals.task import TASKS
 

@@ -1,52 +1,109 @@
-"""``ernie5 nightly``: the main job (interim version until the sweep lands).
+"""``ernie5 nightly``: the main job.
 
-Trains the ``micro`` preset on the embedded default data (procedural tasks, plus real text when a
-data root is found), then reports its parameter counts per sub-model and a generation.
+With no arguments, on a fresh machine with no data: train (or reuse a cached) small elastic model
+on the embedded default data — the seeded procedural tasks, plus real text when a data root is
+found — then sweep ``suites/nightly.yaml`` over its sub-models into a run folder and write the
+report (and, with ``--baseline``, the comparison with an earlier run).
+
+The trained model is cached under ``$ERNIE5_CACHE_DIR`` (default ``~/.cache/ernie5``) in a folder
+named by a hash of its run config, the data sources it could open and the package version; a
+later nightly with the same inputs reuses it, and an interrupted training resumes there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
-from ernie5.checkpoint import resolve_checkpoint
-from ernie5.config import load
+from ernie5 import __version__
+from ernie5.config import dump, load
 from ernie5.data.root import resolve_data_dir
-from ernie5.model.elastic import resolve
-from ernie5.params import count_params
 from ernie5.presets import resolve_config_path
-from ernie5.serve import generate_text
+
+NIGHTLY_PRESET = "mini"
+"""The model the main job trains when no checkpoint is given."""
+
+
+def cache_root() -> Path:
+    """Where trained nightly models are cached."""
+    return Path(os.environ.get("ERNIE5_CACHE_DIR", Path.home() / ".cache" / "ernie5"))
+
+
+def ensure_model(data_dir: Path | None, quiet: bool = False) -> Path:
+    """A trained nightly model: the cached one for these inputs, or a freshly trained one."""
+    from train.config import RunConfig
+    from train.data import open_sources
+    from train.loop import checkpoint_dirs, pretrain
+
+    cfg = load(RunConfig, resolve_config_path(NIGHTLY_PRESET))
+    sources = open_sources(cfg.data, data_dir)
+    key = hashlib.sha256(
+        json.dumps([dump(cfg), sources.names, __version__], sort_keys=True).encode()
+    ).hexdigest()[:12]
+    run = cache_root() / "models" / f"{NIGHTLY_PRESET}-{key}"
+    done = [c for c in checkpoint_dirs(run) if c.name == f"step_{cfg.train.steps:08d}"]
+    if done:
+        if not quiet:
+            print(f"nightly: reusing the cached model {done[0]}", file=sys.stderr)
+        return done[0]
+    if not quiet:
+        print(
+            f"nightly: training the {NIGHTLY_PRESET} model into {run} (sources: {', '.join(sources.names)})",
+            file=sys.stderr,
+        )
+    pretrain(
+        cfg,
+        run,
+        resume=(run / "config.yaml").exists(),
+        data_dir=str(data_dir) if data_dir else None,
+        quiet=quiet,
+    )
+    return checkpoint_dirs(run)[-1]
 
 
 def run_nightly(
-    checkpoint=None, suite="nightly", data_dir=None, out=None, baseline=None, quiet=False
-) -> Path:
-    """Run the main job; returns the run folder."""
-    from train.config import RunConfig
-    from train.loop import pretrain
+    checkpoint: str | Path | None = None,
+    suite: str = "nightly",
+    data_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    baseline: str | Path | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Run the main job; returns its summary (also written to ``RUN_DIR/nightly.json``)."""
+    from evals.sweep import run_sweep
 
-    out = Path(out or f"runs/nightly-{time.strftime('%Y%m%d-%H%M%S')}")
+    t0 = time.perf_counter()
     data_dir = resolve_data_dir(data_dir)
+    out = Path(out or Path("runs") / f"nightly-{time.strftime('%Y%m%d-%H%M%S')}")
     if checkpoint is None:
-        cfg = load(RunConfig, resolve_config_path("micro"), ["train.steps=200", "train.ckpt_every=200"])
-        pretrain(cfg, out / "train", data_dir=str(data_dir) if data_dir else None, quiet=quiet)
-        checkpoint = out / "train"
-    ckpt = resolve_checkpoint(checkpoint)
-    from ernie5.checkpoint import load_checkpoint
-
-    model_cfg = load_checkpoint(ckpt).cfg
-    rows = []
-    for spec in ("full", "k1", "d0.75", "w0.5", "d0.75-w0.5-k1"):
-        r = count_params(model_cfg, resolve(spec, model_cfg))
-        rows.append({"subnet": spec, "total_params": r.total_params, "active_params": r.active_params})
-    text, info = generate_text(ckpt, "Q: 12+7=\nA:", max_new_tokens=16)
-    summary = {
-        "checkpoint": str(ckpt),
-        "params": rows,
-        "sample": {"prompt": "Q: 12+7=\\nA:", "output": text, **info},
+        checkpoint = ensure_model(data_dir, quiet)
+    t_model = time.perf_counter() - t0
+    summary = run_sweep(checkpoint, suite, out, data_dir=data_dir, quiet=quiet, argv=sys.argv)
+    result = {
+        "run_dir": str(out),
+        "checkpoint": str(checkpoint),
+        "data_dir": str(data_dir) if data_dir else None,
+        "model_s": round(t_model, 1),
+        "sweep_s": round(time.perf_counter() - t0 - t_model, 1),
+        "units": summary.n_units,
+        "computed": summary.computed,
+        "reused": summary.reused,
+        "skipped": summary.skipped,
+        "errors": summary.errors,
+        "harness_overhead_share": round(summary.overhead_share, 4),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
-    return out
+    from reports import build_report, compare_runs
+
+    result["report"] = str(build_report(out))
+    if baseline is not None:
+        cmp = compare_runs(baseline, out)
+        result["comparison"] = str(cmp.out_dir)
+        result["regression"] = cmp.has_regression
+    result["total_s"] = round(time.perf_counter() - t0, 1)
+    (out / "nightly.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return result

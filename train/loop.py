@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +33,7 @@ import torch
 from ernie5.checkpoint import load_checkpoint, load_train_state, save_checkpoint
 from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
 from ernie5.data.root import resolve_data_dir
+from ernie5.distributed import init_dist
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE, update_router_bias
 from ernie5.params import count_params
@@ -51,31 +51,6 @@ CKPT_DIR = "checkpoints"
 
 class RunError(RuntimeError):
     """A run folder cannot be used as asked (one-line message)."""
-
-
-@dataclass
-class Dist:
-    """Process-group facts; a single process when not launched by accelerate/torchrun."""
-
-    rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self) -> bool:
-        """Whether this process writes files."""
-        return self.rank == 0
-
-
-def init_dist() -> Dist:
-    """Join the process group started by ``accelerate launch`` (gloo on CPU), if any."""
-    import os
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return Dist()
-    from accelerate import PartialState
-
-    state = PartialState(backend="gloo" if not torch.cuda.is_available() else None)
-    return Dist(state.process_index, state.num_processes)
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
@@ -208,8 +183,7 @@ class Trainer:
             rewrite_jsonl(metrics, kept)
 
     def _barrier(self) -> None:
-        if self.dist.world > 1:
-            torch.distributed.barrier()
+        self.dist.barrier()
 
     # ---------------------------------------------------------------- loop
     def _modality_weights(self) -> dict[str, float]:

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-import evals  # noqa: F401  (registers every task)
+import evals.tasks  # noqa: F401  (registers every task)
 from ernie5.data.root import DataMissing
 from evals.api import (
     GenerationRequest,

@@ -1,0 +1,249 @@
+"""The ERNIE5 checkpoint as an :class:`~evals.api.EvalModel`; the sub-model switches in process.
+
+The supernet is loaded once; :meth:`Ernie5EvalModel.set_subnet` changes which sub-model answers
+(the forward takes the subnet as an argument, nothing is copied or re-loaded).
+
+Tokenisation follows lm-eval's conventions: every sequence starts with BOS; a loglikelihood
+continuation is the token difference between ``encode(context + continuation)`` and
+``encode(context)`` (falling back to encoding the continuation alone when BPE merges across the
+boundary); contexts longer than the model's window are cut from the left. Rolling loglikelihood
+scores a document in windows of ``max_seq_len`` tokens with a stride of half a window, so every
+token after the first window is predicted with at least half a window of left context.
+
+Batches: requests are sorted by length and scored ``batch_size`` at a time (right padding for
+scoring, left padding for generation), then returned in the original order. Each answer carries
+its share of the batch's wall time and its token counts in :attr:`last_stats` for the response
+cache. Time spent inside model forwards accumulates in :attr:`model_seconds`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+
+import torch
+
+from ernie5.checkpoint import Checkpoint, checkpoint_hash
+from ernie5.generate import generate
+from ernie5.model.elastic import Subnet
+from ernie5.model.model import ModelOutput
+from ernie5.tokenizers.special import BOS, PAD
+from evals.api import (
+    Context,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    MediaPart,
+    RollingRequest,
+    RollingResult,
+)
+
+ADAPTER_VERSION = 1
+"""Bumped when tokenisation or scoring conventions change (it is part of the fingerprint)."""
+
+
+class EvalInputError(ValueError):
+    """A request this model cannot take (e.g. an image for a text-only checkpoint)."""
+
+
+class Ernie5EvalModel:
+    """An ERNIE5 checkpoint plus the current sub-model."""
+
+    def __init__(self, ckpt: Checkpoint, subnet: Subnet | None = None, batch_size: int = 16) -> None:
+        if ckpt.tokenizer is None:
+            raise EvalInputError(f"{ckpt.path}: the checkpoint has no tokenizer.json")
+        self.ckpt = ckpt
+        self.model = ckpt.model.eval()
+        self.tokenizer = ckpt.tokenizer
+        self.batch_size = batch_size
+        self.max_len = ckpt.cfg.max_seq_len
+        self.ckpt_hash = checkpoint_hash(ckpt.path)
+        self.subnet = subnet or Subnet.full(ckpt.cfg)
+        self.model_seconds = 0.0
+        self.last_stats: list[tuple[float, int, int]] = []
+        self.routing: dict[int, torch.Tensor] | None = None
+        """Set to ``{}`` to accumulate expert loads (routed pairs per expert, per layer)."""
+
+    # ---------------------------------------------------------------- identity
+    def set_subnet(self, subnet: Subnet) -> None:
+        """Answer with ``subnet`` from now on."""
+        self.subnet = subnet
+
+    @property
+    def fingerprint(self) -> str:
+        """Checkpoint hash + the concrete sub-model + dtype + adapter version."""
+        s = self.subnet
+        dtype = self.model.tok_emb.weight.dtype
+        ident = f"{self.ckpt_hash}|{s.layers}|{s.experts}|{s.top_k}|{dtype}|{ADAPTER_VERSION}"
+        return f"{self.ckpt_hash}:{s.name}:{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+    # ---------------------------------------------------------------- helpers
+    def _text(self, context: Context) -> str:
+        if isinstance(context, str):
+            return context
+        parts = []
+        for p in context:
+            if isinstance(p, MediaPart):
+                raise EvalInputError(
+                    f"this checkpoint has no {p.modality} tokenizer; "
+                    f"{p.modality} inputs need a multimodal checkpoint"
+                )
+            parts.append(p)
+        return "".join(parts)
+
+    def _forward(self, ids_BT: torch.Tensor, real_BT: torch.Tensor) -> torch.Tensor:
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model(ids_BT, subnet=self.subnet)
+        self.model_seconds += time.perf_counter() - t
+        self._record(out, real_BT)
+        return out.logits_BTV
+
+    def _record(self, out: ModelOutput, real_BT: torch.Tensor) -> None:
+        if self.routing is None:
+            return
+        real_N = real_BT.reshape(-1)
+        for layer, r in out.routing.items():
+            ids = r.expert_ids_NA[real_N].reshape(-1)
+            counts = torch.bincount(ids, minlength=r.counts_E.numel())
+            self.routing[layer] = self.routing.get(layer, torch.zeros_like(counts)) + counts
+
+    def _score(self, seqs: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
+        """Sum log P of the last ``n`` tokens of each sequence, and whether they are all greedy."""
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i][0]))
+        results: list[tuple[float, bool]] = [(0.0, True)] * len(seqs)
+        stats: list[tuple[float, int, int]] = [(0.0, 0, 0)] * len(seqs)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            t0 = time.perf_counter()
+            width = max(len(seqs[i][0]) for i in idx) - 1
+            ids = torch.full((len(idx), width), PAD, dtype=torch.long)
+            real = torch.zeros(len(idx), width, dtype=torch.bool)
+            for row, i in enumerate(idx):
+                toks = seqs[i][0]
+                ids[row, : len(toks) - 1] = torch.tensor(toks[:-1])
+                real[row, : len(toks) - 1] = True
+            logprobs = self._forward(ids, real).float().log_softmax(dim=-1)
+            dt = (time.perf_counter() - t0) / len(idx)
+            for row, i in enumerate(idx):
+                toks, n = seqs[i]
+                if n == 0:
+                    results[i] = (0.0, True)
+                    stats[i] = (dt, len(toks), 0)
+                    continue
+                tgt = torch.tensor(toks[-n:])
+                pos = torch.arange(len(toks) - 1 - n, len(toks) - 1)
+                lp = logprobs[row, pos]
+                results[i] = (float(lp.gather(-1, tgt[:, None]).sum()), bool((lp.argmax(-1) == tgt).all()))
+                stats[i] = (dt, len(toks) - n, n)
+        self.last_stats = stats
+        return results
+
+    # ---------------------------------------------------------------- EvalModel
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
+        """log P(continuation | context) per request (see module docstring for tokenisation)."""
+        seqs = []
+        for r in requests:
+            ctx_text = self._text(r.context)
+            ctx = self.tokenizer.encode(ctx_text)
+            whole = self.tokenizer.encode(ctx_text + r.continuation)
+            if whole[: len(ctx)] == ctx:
+                cont = whole[len(ctx) :]
+            else:
+                cont = self.tokenizer.encode(r.continuation)
+            toks = [BOS, *ctx, *cont][-(self.max_len + 1) :]
+            seqs.append((toks, min(len(cont), len(toks) - 1)))
+        scored = self._score(seqs)
+        return [LoglikelihoodResult(lp, greedy, n) for (lp, greedy), (_, n) in zip(scored, seqs)]
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[RollingResult]:
+        """log P(document), in half-overlapping windows of ``max_seq_len`` tokens."""
+        windows: list[tuple[list[int], int]] = []
+        owner: list[int] = []
+        n_tokens = []
+        for i, r in enumerate(requests):
+            toks = [BOS, *self.tokenizer.encode(r.text)]
+            n_tokens.append(len(toks) - 1)
+            window, stride = self.max_len + 1, max(1, self.max_len // 2)
+            windows.append((toks[:window], min(len(toks), window) - 1))
+            owner.append(i)
+            done = min(len(toks), window)
+            while done < len(toks):
+                end = min(len(toks), done + stride)
+                windows.append((toks[max(0, end - window) : end], end - done))
+                owner.append(i)
+                done = end
+        scored = self._score(windows)
+        per_window = self.last_stats
+        totals = [0.0] * len(requests)
+        stats = [(0.0, 0, 0)] * len(requests)
+        for (lp, _), i, st in zip(scored, owner, per_window):
+            totals[i] += lp
+            stats[i] = (stats[i][0] + st[0], stats[i][1] + st[1], stats[i][2] + st[2])
+        self.last_stats = stats
+        return [RollingResult(totals[i], n_tokens[i]) for i in range(len(requests))]
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Continuations cut at the first stop string; batched by generation settings and length."""
+        out: list[GenerationResult | None] = [None] * len(requests)
+        stats: list[tuple[float, int, int]] = [(0.0, 0, 0)] * len(requests)
+        prompts = []
+        for r in requests:
+            room = self.max_len - r.max_new_tokens
+            if room < 1:
+                raise EvalInputError(
+                    f"max_new_tokens={r.max_new_tokens} leaves no room in max_seq_len={self.max_len}"
+                )
+            prompts.append([BOS, *self.tokenizer.encode(self._text(r.context))][-room:])
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_new_tokens, r.temperature, r.seed), []).append(i)
+        for (max_new, temperature, seed), members in groups.items():
+            members.sort(key=lambda i: -len(prompts[i]))
+            for start in range(0, len(members), self.batch_size):
+                idx = members[start : start + self.batch_size]
+                t0 = time.perf_counter()
+                stops = [requests[i].stop for i in idx]
+                new = self._generate_batch([prompts[i] for i in idx], max_new, temperature, seed, stops)
+                dt = (time.perf_counter() - t0) / len(idx)
+                for row, i in enumerate(idx):
+                    text = _cut(self.tokenizer.decode(new[row]), requests[i].stop)
+                    out[i] = GenerationResult(text, len(new[row]))
+                    stats[i] = (dt, len(prompts[i]), len(new[row]))
+        self.last_stats = stats
+        return out  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts, max_new, temperature, seed, stops) -> list[list[int]]:
+        decode = self.tokenizer.decode
+
+        def should_stop(row: int, toks: list[int]) -> bool:
+            if not stops[row]:
+                return False
+            tail = decode(toks[-32:])
+            return any(s in tail for s in stops[row])
+
+        t = time.perf_counter()
+        sink: Callable | None = self._record if self.routing is not None else None
+        new = generate(
+            self.model,
+            prompts,
+            max_new,
+            subnet=self.subnet,
+            temperature=temperature,
+            seed=seed,
+            should_stop=should_stop,
+            on_forward=sink,
+        )
+        self.model_seconds += time.perf_counter() - t
+        return new
+
+
+def _cut(text: str, stops: tuple[str, ...]) -> str:
+    cut = len(text)
+    for s in stops:
+        at = text.find(s)
+        if at != -1:
+            cut = min(cut, at)
+    return text[:cut]

@@ -1,0 +1,190 @@
+"""Response cache: SQLite in WAL mode, keyed by model fingerprint + request, safe across processes.
+
+The key is ``sha256(model fingerprint, request kind, canonical request)``. The model fingerprint
+names the checkpoint *and* the concrete sub-model, so two sub-models never share an answer (the
+trap of lm-eval's ``--use_cache``, whose key has no model identity). Each row stores the response
+with its wall time and token counts (HELM-style), so efficiency columns can be recomputed and
+re-scoring never needs re-inference.
+
+Concurrency: WAL lets readers and one writer work at once; writers wait up to ``timeout`` seconds
+for the lock (``busy_timeout``) and retry on ``database is locked`` (HELM #1914, lm-eval #796).
+Each process opens its own connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evals.api import (
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    MediaPart,
+    Request,
+    Response,
+    RollingRequest,
+    RollingResult,
+)
+
+_KINDS = {LoglikelihoodRequest: "loglikelihood", RollingRequest: "rolling", GenerationRequest: "generate"}
+_RESULTS = {"loglikelihood": LoglikelihoodResult, "rolling": RollingResult, "generate": GenerationResult}
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    key TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    response TEXT NOT NULL,
+    latency_s REAL NOT NULL,
+    n_input_tokens INTEGER NOT NULL,
+    n_output_tokens INTEGER NOT NULL,
+    created REAL NOT NULL
+)
+"""
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, MediaPart):
+        arr = np.ascontiguousarray(value.data)
+        digest = hashlib.sha256(arr.tobytes() + str((arr.shape, arr.dtype)).encode()).hexdigest()
+        return {"media": value.modality, "sha256": digest, "meta": _canonical(value.meta)}
+    if isinstance(value, tuple | list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items())}
+    if dataclasses.is_dataclass(value):
+        return {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def request_kind(request: Request) -> str:
+    """``loglikelihood`` | ``rolling`` | ``generate``."""
+    return _KINDS[type(request)]
+
+
+def request_key(model_fingerprint: str, request: Request) -> str:
+    """The cache key of ``request`` answered by the model with ``model_fingerprint``."""
+    body = json.dumps([model_fingerprint, request_kind(request), _canonical(request)], sort_keys=True)
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+class ResponseCache:
+    """A SQLite response store (one connection per process)."""
+
+    def __init__(self, path: str | Path, timeout: float = 60.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        self.conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+        self._retry(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
+        self.conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self._retry(lambda: self.conn.execute(SCHEMA))
+
+    def _retry(self, fn):
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def get_many(self, keys: list[str]) -> dict[str, tuple[Response, float, int, int]]:
+        """Cached ``(response, latency_s, n_input_tokens, n_output_tokens)`` by key (misses absent)."""
+        out: dict[str, tuple[Response, float, int, int]] = {}
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._retry(
+                lambda c=chunk, m=marks: self.conn.execute(
+                    f"SELECT key, kind, response, latency_s, n_input_tokens, n_output_tokens "
+                    f"FROM responses WHERE key IN ({m})",
+                    c,
+                ).fetchall()
+            )
+            for key, kind, resp, lat, n_in, n_out in rows:
+                out[key] = (_RESULTS[kind](**json.loads(resp)), lat, n_in, n_out)
+        return out
+
+    def put_many(self, rows: list[tuple[str, str, Request, Response, float, int, int]]) -> None:
+        """Store ``(key, model_fingerprint, request, response, latency_s, n_in, n_out)`` rows atomically."""
+        now = time.time()
+        values = [
+            (key, model, request_kind(req), json.dumps(dataclasses.asdict(resp)), lat, n_in, n_out, now)
+            for key, model, req, resp, lat, n_in, n_out in rows
+        ]
+
+        def write():
+            with self.conn:  # one transaction
+                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.executemany("INSERT OR REPLACE INTO responses VALUES (?,?,?,?,?,?,?,?)", values)
+
+        self._retry(write)
+
+    def count(self, model_fingerprint: str | None = None) -> int:
+        """Stored responses (of one model, or all)."""
+        if model_fingerprint is None:
+            return self.conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+        return self.conn.execute(
+            "SELECT COUNT(*) FROM responses WHERE model=?", (model_fingerprint,)
+        ).fetchone()[0]
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+
+class CachedModel:
+    """An EvalModel that answers from the cache and asks ``model`` only for misses."""
+
+    def __init__(self, model: Any, cache: ResponseCache | None) -> None:
+        self.model = model
+        self.cache = cache
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def fingerprint(self) -> str:  # noqa: D102
+        return self.model.fingerprint
+
+    def _call(self, requests: list[Request], method: str) -> list[Response]:
+        if self.cache is None:
+            self.misses += len(requests)
+            return getattr(self.model, method)(requests)
+        fp = self.model.fingerprint
+        keys = [request_key(fp, r) for r in requests]
+        found = self.cache.get_many(list(dict.fromkeys(keys)))
+        todo = [i for i, k in enumerate(keys) if k not in found]
+        self.hits += len(requests) - len(todo)
+        self.misses += len(todo)
+        answers: dict[str, Response] = {k: v[0] for k, v in found.items()}
+        if todo:
+            uniq = list(dict.fromkeys(keys[i] for i in todo))
+            first = {k: next(i for i in todo if keys[i] == k) for k in uniq}
+            reqs = [requests[first[k]] for k in uniq]
+            resps = getattr(self.model, method)(reqs)
+            stats = getattr(self.model, "last_stats", None) or [(0.0, 0, 0)] * len(resps)
+            self.cache.put_many(
+                [(k, fp, rq, rs, st[0], st[1], st[2]) for k, rq, rs, st in zip(uniq, reqs, resps, stats)]
+            )
+            answers.update(zip(uniq, resps))
+        return [answers[k] for k in keys]
+
+    def loglikelihood(self, requests):  # noqa: D102
+        return self._call(requests, "loglikelihood")
+
+    def loglikelihood_rolling(self, requests):  # noqa: D102
+        return self._call(requests, "loglikelihood_rolling")
+
+    def generate(self, requests):  # noqa: D102
+        return self._call(requests, "generate")

@@ -1,0 +1,384 @@
+"""``ernie5 sweep``: evaluate every (sub-model, task) unit of a suite on one checkpoint.
+
+Flow: load the suite and the checkpoint once; expand the sub-models; for each unit, skip it if
+``units/<subnet>/<task>.json`` holds the same fingerprint, else run the task's requests through the
+cached model, score, aggregate and write the unit atomically; then measure each sub-model's
+efficiency and rebuild the tables (``evals.results`` documents the folder).
+
+The fingerprint of a unit is a hash of the checkpoint hash, the concrete sub-model (kept layers,
+kept experts, top-k), the task name, version and options, the hash of its data files, the limit,
+the seed, the batch size and the adapter version. ``--resume`` and running again into the same
+folder are the same thing: matching units are skipped, others recomputed. A task whose data is
+missing is recorded as ``skipped`` with the reason; a task that raises is recorded as ``error``
+with the message, and the sweep goes on.
+
+Data parallel: under ``accelerate launch --multi_gpu --num_processes N`` unit ``i`` runs on
+process ``i mod N`` (each with its own response-cache connection); process 0 then measures
+efficiency and merges, so the tables equal a one-process run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ernie5.checkpoint import checkpoint_hash, load_checkpoint, resolve_checkpoint
+from ernie5.config import ConfigError, to_dict
+from ernie5.data.root import resolve_data_dir
+from ernie5.distributed import init_dist
+from ernie5.model.elastic import Subnet, SubnetError
+from ernie5.runs import append_jsonl, provenance, write_json
+from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
+from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest
+from evals.cache import CachedModel, ResponseCache
+from evals.efficiency import measure
+from evals.results import read_unit, unit_path, write_tables, write_unit
+from evals.suite import LoadedSuite, expand_subnets, load_suite, needs_importance
+from evals.task import TASKS, Task
+
+_METHOD = {
+    LoglikelihoodRequest: "loglikelihood",
+    RollingRequest: "loglikelihood_rolling",
+    GenerationRequest: "generate",
+}
+
+
+@dataclass
+class UnitPlan:
+    """One (sub-model, task) unit to evaluate."""
+
+    subnet: Subnet
+    name: str
+    task: Task
+    limit: int | None
+    seed: int
+    fingerprint: str
+    data_hash: str
+    available: bool
+    reason: str
+
+
+@dataclass
+class SweepSummary:
+    """What a sweep did."""
+
+    run_dir: Path
+    n_units: int
+    computed: int = 0
+    reused: int = 0
+    skipped: int = 0
+    errors: int = 0
+    wall_s: float = 0.0
+    model_s: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    error_messages: list[str] = field(default_factory=list)
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of the unit wall time spent outside model forward passes."""
+        return 1.0 - self.model_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def subnet_identity(s: Subnet) -> list:
+    """JSON-able identity of a concrete sub-model."""
+    return [list(s.layers), [list(e) if e is not None else None for e in s.experts], s.top_k]
+
+
+def plan_units(
+    loaded: LoadedSuite, ckpt_hash: str, subnets: list[Subnet], data_dir, limit: int | None
+) -> list[UnitPlan]:
+    """Every unit of the sweep with its fingerprint, sub-model-major."""
+    cfg = loaded.cfg
+    tasks = []
+    for entry in cfg.tasks:
+        task = TASKS.get(entry.task)(**entry.kwargs)
+        ok, reason = task.available(data_dir)
+        data_hash = task.fingerprint_data(data_dir) if ok else ""
+        lim = entry.limit if limit is None else min(limit, entry.limit or limit)
+        seed = cfg.seed if entry.seed is None else entry.seed
+        tasks.append((task, lim, seed, ok, reason, data_hash))
+    units = []
+    for sub in subnets:
+        for task, lim, seed, ok, reason, data_hash in tasks:
+            fp = _hash(
+                {
+                    "checkpoint": ckpt_hash,
+                    "subnet": subnet_identity(sub),
+                    "task": task.name,
+                    "version": task.version,
+                    "kwargs": task.kwargs,
+                    "data": data_hash,
+                    "available": ok,
+                    "limit": lim,
+                    "seed": seed,
+                    "batch_size": cfg.batch_size,
+                    "adapter": ADAPTER_VERSION,
+                }
+            )
+            units.append(UnitPlan(sub, sub.name, task, lim, seed, fp, data_hash, ok, reason))
+    return units
+
+
+def evaluate_unit(model, plan: UnitPlan, data_dir) -> tuple[dict, list[dict]]:
+    """Run one task on the current sub-model; returns the unit record and its samples."""
+    task = plan.task
+    examples = task.examples(data_dir, limit=plan.limit, seed=plan.seed)
+    per_example = [task.requests(ex) for ex in examples]
+    flat = [(i, j, r) for i, reqs in enumerate(per_example) for j, r in enumerate(reqs)]
+    responses: list[list] = [[None] * len(reqs) for reqs in per_example]
+    for kind, method in _METHOD.items():
+        group = [(i, j, r) for i, j, r in flat if isinstance(r, kind)]
+        if not group:
+            continue
+        answers = getattr(model, method)([r for _, _, r in group])
+        for (i, j, _), a in zip(group, answers):
+            responses[i][j] = a
+    scores = [task.score(ex, resp) for ex, resp in zip(examples, responses)]
+    metrics = {}
+    for metric, higher in task.metrics.items():
+        value, stderr = task.aggregate(metric, [s[metric] for s in scores], seed=plan.seed)
+        metrics[metric] = {"value": value, "stderr": stderr, "n": len(scores), "higher_is_better": higher}
+    samples = [
+        {
+            "id": ex.id,
+            "scores": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sc.items()},
+            "sample": task.describe_sample(ex, resp, sc),
+        }
+        for ex, resp, sc in zip(examples, responses, scores)
+    ]
+    return {"metrics": metrics, "n_examples": len(examples)}, samples
+
+
+def _record(plan: UnitPlan, status: str, reason: str = "", **extra) -> dict:
+    return {
+        "fingerprint": plan.fingerprint,
+        "subnet": plan.name,
+        "task": plan.task.name,
+        "task_version": plan.task.version,
+        "modality": plan.task.modality,
+        "capability": plan.task.capability,
+        "status": status,
+        "reason": reason,
+        "metrics": {},
+        "n_examples": 0,
+        "limit": plan.limit,
+        "seed": plan.seed,
+        "kwargs": plan.task.kwargs,
+        "wall_s": 0.0,
+        "model_s": 0.0,
+        **extra,
+    }
+
+
+def run_sweep(
+    checkpoint: str | Path,
+    suite: str | Path,
+    out: str | Path,
+    *,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    cache_path: str | Path | None = None,
+    quiet: bool = False,
+    argv: list[str] | None = None,
+) -> SweepSummary:
+    """Evaluate every unit of ``suite`` on ``checkpoint`` into ``out`` (resuming what matches)."""
+    t_start = time.perf_counter()
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    loaded = load_suite(suite)
+    cfg = loaded.cfg
+    data_dir = resolve_data_dir(data_dir)
+    ckpt = load_checkpoint(resolve_checkpoint(checkpoint))
+    ckpt_hash = checkpoint_hash(ckpt.path)
+    importance = None
+    if needs_importance(cfg.subnets):
+        from ernie5.extract import compute_importance
+        from ernie5.serve import calibration_batches
+
+        importance = compute_importance(ckpt.model, calibration_batches(ckpt.tokenizer, data_dir))
+    try:
+        subnets = expand_subnets(cfg.subnets, ckpt.cfg, importance)
+    except SubnetError as e:
+        raise ConfigError(f"{loaded.path}: {e}") from None
+    units = plan_units(loaded, ckpt_hash, subnets, data_dir, limit)
+    dist = init_dist()
+    run_dir = Path(out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = Ernie5EvalModel(ckpt, batch_size=cfg.batch_size)
+    cache = ResponseCache(cache_path or run_dir / "cache.sqlite")
+    cached = CachedModel(model, cache)
+    summary = SweepSummary(run_dir, len(units))
+    mine = units[dist.rank :: dist.world]
+    bar = None
+    if dist.main and not quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(mine), desc=f"sweep {cfg.name}", unit="unit", dynamic_ncols=True)
+    for plan in mine:
+        existing = read_unit(unit_path(run_dir, plan.name, plan.task.name))
+        if existing is not None and existing["fingerprint"] == plan.fingerprint:
+            summary.reused += 1
+        elif not plan.available:
+            write_unit(run_dir, _record(plan, "skipped", plan.reason), [])
+            summary.skipped += 1
+        else:
+            _compute(cached, model, plan, data_dir, run_dir, cfg.routing, summary)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(subnet=plan.name, task=plan.task.name)
+    if bar is not None:
+        bar.close()
+    summary.cache_hits, summary.cache_misses = cached.hits, cached.misses
+    cache.close()
+    dist.barrier()
+    if dist.main:
+        efficiency = _efficiency(ckpt, subnets, cfg, run_dir, ckpt_hash) if cfg.efficiency.enabled else None
+        _write_routing(run_dir, subnets, ckpt.cfg.moe.n_experts)
+        write_tables(run_dir, efficiency)
+        manifest = {
+            **provenance(cfg.seed, argv),
+            "suite": cfg.name,
+            "suite_hash": loaded.hash,
+            "suite_yaml": loaded.text,
+            "checkpoint": str(ckpt.path),
+            "checkpoint_hash": ckpt_hash,
+            "model_config": to_dict(ckpt.cfg),
+            "subnets": [
+                {
+                    "name": s.name,
+                    "layers": list(s.layers),
+                    "top_k": s.top_k,
+                    "experts_per_layer": [
+                        len(e) if e is not None else ckpt.cfg.moe.n_experts for e in s.experts
+                    ],
+                }
+                for s in subnets
+            ],
+            "tasks": [
+                {
+                    "name": u.task.name,
+                    "version": u.task.version,
+                    "modality": u.task.modality,
+                    "capability": u.task.capability,
+                    "data_hash": u.data_hash,
+                    "available": u.available,
+                }
+                for u in units[: len(units) // max(1, len(subnets))]
+            ],
+            "data_dir": str(data_dir) if data_dir else None,
+            "seeds": sorted({u.seed for u in units}),
+            "world_size": dist.world,
+            "started": started,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "wall_s": time.perf_counter() - t_start,
+        }
+        write_json(run_dir / "manifest.json", manifest)
+    return summary
+
+
+def _compute(
+    cached,
+    model: Ernie5EvalModel,
+    plan: UnitPlan,
+    data_dir,
+    run_dir: Path,
+    routing: bool,
+    summary: SweepSummary,
+) -> None:
+    model.set_subnet(plan.subnet)
+    model.routing = {} if routing else None
+    model_s0 = model.model_seconds
+    t0 = time.perf_counter()
+    try:
+        result, samples = evaluate_unit(cached, plan, data_dir)
+        status, reason = "ok", ""
+    except Exception as e:  # noqa: BLE001 - a failing task is recorded and the sweep goes on
+        result, samples = {"traceback": traceback.format_exc()}, []
+        status, reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        summary.errors += 1
+        summary.error_messages.append(f"{plan.name}/{plan.task.name}: {reason}")
+    wall = time.perf_counter() - t0
+    model_s = model.model_seconds - model_s0
+    extra = {}
+    if model.routing:
+        n_real = (
+            sum(int(v.sum()) for v in model.routing.values())
+            // max(1, plan.subnet.top_k)
+            // max(1, len(model.routing))
+        )
+        extra["routing"] = {
+            "tokens": n_real,
+            "counts": {str(k): v.tolist() for k, v in model.routing.items()},
+        }
+    record = _record(plan, status, reason, wall_s=wall, model_s=model_s, **result, **extra)
+    write_unit(run_dir, record, samples)
+    append_jsonl(
+        run_dir / "events.jsonl",
+        {
+            "event": "unit_done",
+            "subnet": plan.name,
+            "task": plan.task.name,
+            "fingerprint": plan.fingerprint,
+            "status": status,
+        },
+    )
+    summary.computed += status == "ok"
+    summary.wall_s += wall
+    summary.model_s += model_s
+
+
+def _efficiency(ckpt, subnets: list[Subnet], cfg, run_dir: Path, ckpt_hash: str) -> list[dict]:
+    from evals.results import all_units
+
+    units = all_units(run_dir)
+    rows = []
+    for sub in subnets:
+        fp = _hash({"checkpoint": ckpt_hash, "subnet": subnet_identity(sub), "cfg": to_dict(cfg.efficiency)})
+        path = run_dir / "efficiency" / f"{sub.name}.json"
+        try:
+            cached = json.loads(path.read_text())
+            if cached.get("fingerprint") == fp:
+                rows.append(cached["row"])
+                continue
+        except (OSError, json.JSONDecodeError):
+            pass
+        counts: dict[int, list[int]] = {}
+        tokens = 0
+        for u in units:
+            if u["subnet"] == sub.name and u.get("routing"):
+                tokens += u["routing"]["tokens"]
+                for layer, c in u["routing"]["counts"].items():
+                    old = counts.get(int(layer), [0] * len(c))
+                    counts[int(layer)] = [a + b for a, b in zip(old, c)]
+        row = measure(ckpt.model, sub, cfg.efficiency, counts, tokens)
+        write_json(path, {"fingerprint": fp, "row": row})
+        rows.append(row)
+    return rows
+
+
+def _write_routing(run_dir: Path, subnets: list[Subnet], n_experts: int) -> None:
+    from evals.results import all_units
+
+    units = all_units(run_dir)
+    for sub in subnets:
+        tasks = {}
+        for u in units:
+            if u["subnet"] == sub.name and u.get("routing"):
+                tasks[u["task"]] = {
+                    "modality": u["modality"],
+                    "tokens": u["routing"]["tokens"],
+                    "counts": u["routing"]["counts"],
+                }
+        if tasks:
+            write_json(
+                run_dir / "routing" / f"{sub.name}.json",
+                {"n_experts": n_experts, "layers": [i for i in sub.layers], "tasks": tasks},
+            )

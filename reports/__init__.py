@@ -1,0 +1,11 @@
+"""Reports on sweep run folders: the run report (seesaw, efficiency, routing) and run comparisons.
+
+Reads only run folders (the contract in :mod:`evals.results`); never imports the model, torch,
+``train`` or the task registry.
+"""
+
+from reports.compare import ComparisonResult, compare_runs
+from reports.load import ReportError, load_run
+from reports.report import build_report
+
+__all__ = ["ComparisonResult", "ReportError", "build_report", "compare_runs", "load_run"]

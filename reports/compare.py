@@ -1,0 +1,241 @@
+"""``ernie5 compare BASE_RUN NEW_RUN``: per (subnet, task, metric) changes with paired statistics.
+
+Every cell of either run gets a row with a ``status``:
+
+* ``compared``: ok in both runs; tested on the examples both scored (see :mod:`reports.paired`);
+* ``version changed``: ok in both but the task version differs; shown, tested, never gating;
+* ``new`` / ``missing``: ok in only one run (``note`` says why the other has none);
+* ``failing``: ok in the base run, an error in the new one (counts as a regression).
+
+``verdict`` is ``regression``, ``improvement``, ``no change`` or ``n/a``. Outputs go to
+``NEW_RUN/report/compare-<base name>/`` by default: ``index.html``, ``summary.md``, ``deltas.csv|json``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ernie5.runs import write_atomic
+from reports import formatting as f
+from reports import paired, plots
+from reports.definitions import COMPARE_ABOUT
+from reports.html import badge, definitions, esc, figure, key_values, page, paragraph, table
+from reports.load import Run, load_run, read_samples
+from reports.markdown import compare_summary
+from reports.report import write_tables
+
+CELL_COLUMNS = [
+    "subnet",
+    "task",
+    "metric",
+    "higher_is_better",
+    "status",
+    "base_value",
+    "new_value",
+    "delta",
+    "ci_low",
+    "ci_high",
+    "n_paired",
+    "method",
+    "p_value",
+    "p_adjusted",
+    "verdict",
+    "note",
+]
+MAX_PLOTTED = 40
+"""Most cells drawn in the change plot (those with the smallest p-values)."""
+MANIFEST_DIFF = ("suite", "suite_hash", "checkpoint", "checkpoint_hash", "git_hash", "data_dir")
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    """What :func:`compare_runs` found and wrote."""
+
+    cells: pd.DataFrame
+    """One row per (subnet, task, metric) (:data:`CELL_COLUMNS`)."""
+    has_regression: bool
+    """Any significant regression or newly failing unit."""
+    summary_markdown: str
+    out_dir: Path
+
+
+def _aligned(base: Run, new: Run, subnet: str, task: str, metric: str) -> tuple[list, list]:
+    def values(run: Run) -> dict:
+        return {r["id"]: r.get("scores", {}).get(metric) for r in read_samples(run, subnet, task)}
+
+    b, n = values(base), values(new)
+    ids = [i for i in b if i in n and b[i] is not None and n[i] is not None]
+    return [n[i] for i in ids], [b[i] for i in ids]
+
+
+def _status_note(run: Run, subnet: str, task: str) -> tuple[str, str]:
+    unit = run.units[(run.units["subnet"] == subnet) & (run.units["task"] == task)]
+    if unit.empty:
+        return "absent", "not in the run"
+    row = unit.iloc[0]
+    if row["status"] == "ok":
+        return "ok", "metric not reported"
+    return str(row["status"]), f"{row['status']}: {row['reason']}"
+
+
+def _same(a: object, b: object) -> bool:
+    return pd.isna(a) and pd.isna(b) or a == b
+
+
+def compare_cells(base: Run, new: Run, seed: int = 0) -> pd.DataFrame:
+    """The comparison table of two runs (see the module docstring), Holm-adjusted and with verdicts."""
+    key = ["subnet", "task", "metric"]
+    cols = [*key, "value", "stderr", "higher_is_better", "task_version"]
+    merged = base.results[cols].merge(
+        new.results[cols], on=key, how="outer", suffixes=("_base", "_new"), indicator="origin"
+    )
+    rows = []
+    for r in merged.itertuples(index=False):
+        hib = bool(r.higher_is_better_new if r.origin == "right_only" else r.higher_is_better_base)
+        row = {
+            "subnet": r.subnet,
+            "task": r.task,
+            "metric": r.metric,
+            "higher_is_better": hib,
+            "base_value": r.value_base,
+            "new_value": r.value_new,
+            "delta": math.nan,
+            "ci_low": math.nan,
+            "ci_high": math.nan,
+            "n_paired": 0,
+            "method": "",
+            "p_value": math.nan,
+            "note": "",
+        }
+        if r.origin == "right_only":
+            row.update(status="new", note=_status_note(base, r.subnet, r.task)[1] + " in base")
+        elif r.origin == "left_only":
+            status, note = _status_note(new, r.subnet, r.task)
+            row.update(status="failing" if status == "error" else "missing", note=f"{note} in new")
+        else:
+            row["status"] = "compared"
+            if not _same(r.task_version_base, r.task_version_new):
+                row.update(
+                    status="version changed",
+                    note=f"task version {r.task_version_base} -> {r.task_version_new}",
+                )
+            new_vals, base_vals = _aligned(base, new, r.subnet, r.task, r.metric)
+            if new_vals:
+                test = paired.paired_test(new_vals, base_vals, r.metric, seed=seed)
+            else:
+                test = paired.unpaired_test(r.value_new, r.stderr_new, r.value_base, r.stderr_base)
+            row.update(test, n_paired=len(new_vals))
+        rows.append(row)
+    cells = pd.DataFrame(rows, columns=[c for c in CELL_COLUMNS if c not in ("p_adjusted", "verdict")])
+    gated = cells["status"] == "compared"
+    cells["p_adjusted"] = math.nan
+    if gated.any():
+        cells.loc[gated, "p_adjusted"] = paired.holm(cells.loc[gated, "p_value"].tolist())
+    cells["verdict"] = [
+        "regression" if s == "failing" else paired.verdict(d, p, h) if s == "compared" else "n/a"
+        for s, d, p, h in zip(cells["status"], cells["delta"], cells["p_adjusted"], cells["higher_is_better"])
+    ]
+    return cells[CELL_COLUMNS].sort_values(["subnet", "task", "metric"]).reset_index(drop=True)
+
+
+def _view(cells: pd.DataFrame) -> pd.DataFrame:
+    """The cells as display columns (HTML-ready text; badges for status and verdict)."""
+    arrow = ["\u2191" if h else "\u2193" for h in cells["higher_is_better"]]
+    return pd.DataFrame(
+        {
+            "subnet": [esc(x) for x in cells["subnet"]],
+            "task": [esc(x) for x in cells["task"]],
+            "metric": [f"{esc(m)} {a}" for m, a in zip(cells["metric"], arrow)],
+            "status": [badge(x) for x in cells["status"]],
+            "base": [esc(f.num(x, 4)) for x in cells["base_value"]],
+            "new": [esc(f.num(x, 4)) for x in cells["new_value"]],
+            "delta": [esc(f.signed(x, 4)) for x in cells["delta"]],
+            "95% CI": [
+                esc(f.ci(lo, hi, lambda v: f.signed(v, 4)))
+                for lo, hi in zip(cells["ci_low"], cells["ci_high"])
+            ],
+            "n": [esc(x) for x in cells["n_paired"]],
+            "method": [esc(x) for x in cells["method"]],
+            "p": [esc(f.pvalue(x)) for x in cells["p_value"]],
+            "p (Holm)": [esc(f.pvalue(x)) for x in cells["p_adjusted"]],
+            "verdict": [badge(x) for x in cells["verdict"]],
+            "note": [esc(x) for x in cells["note"]],
+        }
+    )
+
+
+def _page(base: Run, new: Run, cells: pd.DataFrame, has_regression: bool) -> str:
+    head = "Significant regression found" if has_regression else "No significant regression"
+    diff = [
+        (k, f"{base.manifest.get(k, 'n/a')} -> {new.manifest.get(k, 'n/a')}")
+        for k in MANIFEST_DIFF
+        if base.manifest.get(k) != new.manifest.get(k)
+    ]
+    overview = (
+        f'<div class="callout">{badge("regression" if has_regression else "no change")} {esc(head)}: '
+        f"{int((cells['verdict'] == 'regression').sum())} regressions, "
+        f"{int((cells['verdict'] == 'improvement').sum())} improvements, "
+        f"{int((cells['status'] == 'failing').sum())} newly failing over {len(cells)} cells.</div>"
+    )
+    overview += key_values(
+        [("base run", base.path), ("new run", new.path)] + (diff or [("manifest", "same")])
+    )
+    shown = cells[cells["status"].isin(["compared", "version changed"]) & cells["delta"].notna()]
+    if len(shown) > MAX_PLOTTED:
+        shown = shown.sort_values("p_value").head(MAX_PLOTTED).sort_values(["subnet", "task", "metric"])
+    caption = "Change of each metric in the new run vs the base run, with the 95% paired interval"
+    caption += f" ({MAX_PLOTTED} cells with the smallest p-values)." if len(shown) == MAX_PLOTTED else "."
+    fig = (
+        figure(plots.delta_plot(shown), "Per-cell change with intervals", caption)
+        if len(shown)
+        else paragraph("No cell was compared.")
+    )
+    view = _view(cells)
+    flagged = view[
+        (cells["verdict"].isin(["regression", "improvement"]) | (cells["status"] != "compared")).to_numpy()
+    ]
+    return page(
+        f"ERNIE 5 compare: {new.name} vs {base.name}",
+        head,
+        [
+            ("overview", "Overview", overview + fig),
+            (
+                "flagged",
+                "Significant changes and new, missing or failing cells",
+                table(flagged, raw=flagged.columns) if len(flagged) else paragraph("None."),
+            ),
+            ("cells", "Every cell", table(view, raw=view.columns)),
+            ("about", "About these numbers", definitions(COMPARE_ABOUT)),
+        ],
+    )
+
+
+def compare_runs(
+    base_dir: str | Path, new_dir: str | Path, out_dir: str | Path | None = None
+) -> ComparisonResult:
+    """Compare two sweep runs and write the comparison page, summary and table.
+
+    Args:
+        base_dir: the baseline run folder (e.g. last night's).
+        new_dir: the run under test.
+        out_dir: where to write; default ``NEW_RUN/report/compare-<base name>``.
+
+    Returns:
+        The :class:`ComparisonResult`; gate CI on ``has_regression``.
+
+    Raises:
+        ReportError: either folder is not a sweep run.
+    """
+    base, new = load_run(base_dir), load_run(new_dir)
+    out = Path(out_dir) if out_dir is not None else new.path / "report" / f"compare-{base.name}"
+    cells = compare_cells(base, new)
+    has_regression = bool((cells["verdict"] == "regression").any())
+    write_tables({"deltas": cells}, out)
+    write_atomic(out / "index.html", _page(base, new, cells, has_regression))
+    summary = compare_summary(base.name, new.name, cells, has_regression, str(out / "index.html"))
+    write_atomic(out / "summary.md", summary)
+    return ComparisonResult(cells=cells, has_regression=has_regression, summary_markdown=summary, out_dir=out)

@@ -1,0 +1,143 @@
+"""Markdown summaries (for CI logs and pull requests) of a run report and of a comparison.
+
+Text from runs is escaped for GitHub-flavoured Markdown and stays readable in a CI log: ``<``, ``>``
+and ``|`` get a backslash and newlines become spaces (:func:`cell`); inside code spans backticks become
+quotes (:func:`code`). A task name or model output can neither break a table nor inject HTML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from reports import formatting as f
+from reports.analysis import Analysis
+from reports.load import Run
+
+
+def cell(x: Any) -> str:
+    """``x`` as Markdown text safe in a table cell (no raw HTML, no column break, one line)."""
+    text = f.text(x).replace("\\", "\\\\")
+    for ch in "<>|":
+        text = text.replace(ch, "\\" + ch)
+    return " ".join(text.split())
+
+
+def code(x: Any) -> str:
+    """``x`` as an inline code span."""
+    return "`" + " ".join(f.text(x).replace("`", "'").split()) + "`"
+
+
+def md_table(df: pd.DataFrame, formats: dict[str, Callable[[Any], str]] | None = None) -> str:
+    """A GitHub-flavoured Markdown table; numbers default to 3 decimals."""
+    formats = formats or {}
+    if df.empty:
+        return "_(none)_\n"
+    numeric = {c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool}
+    lines = [
+        "| " + " | ".join(cell(c) for c in df.columns) + " |",
+        "|" + "|".join("---:" if c in numeric else "---" for c in df.columns) + "|",
+    ]
+    for row in df.itertuples(index=False):
+        vals = [formats.get(c, f.num if c in numeric else f.text)(v) for c, v in zip(df.columns, row)]
+        lines.append("| " + " | ".join(cell(v) for v in vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def report_summary(run: Run, a: Analysis, html_path: str) -> str:
+    """The Markdown summary of a run report."""
+    m = run.manifest
+    counts = run.units["status"].value_counts()
+    out = [
+        f"# Sweep report: {cell(run.name)}",
+        "",
+        f"Suite {code(m.get('suite', '?'))}, checkpoint {code(m.get('checkpoint', '?'))}, "
+        f"git {code(str(m.get('git_hash', '?'))[:12])}. Units: {counts.get('ok', 0)} ok, "
+        f"{counts.get('skipped', 0)} skipped, {counts.get('error', 0)} failed. "
+        f"Full report: {code(html_path)}.",
+        "",
+    ]
+    if len(a.degradation):
+        d = a.degradation.iloc[0]
+        where = (
+            f"below 95% at {code(d['crosses_at'])}"
+            if d["crosses_at"]
+            else f"never below 95%; lowest at {code(d['smallest'])}"
+        )
+        out += [
+            f"**Degrades first:** {cell(d['modality'])} ({where}; order: "
+            f"{', '.join(cell(x) for x in a.degradation['modality'])}).",
+            "",
+        ]
+    if len(a.by_modality):
+        wide = a.by_modality.pivot_table(index="subnet", columns="group", values="rel", aggfunc="first")
+        wide = wide.reindex([s for s in a.order if s in wide.index])
+        idx = a.seesaw_index.set_index("subnet")
+        wide["seesaw_index"] = [idx["seesaw_index"].get(s) for s in wide.index]
+        agg = a.aggregate.set_index("subnet")["score"]
+        wide["aggregate"] = [agg.get(s) for s in wide.index]
+        out += [
+            "## Retention vs full (per modality)",
+            "",
+            md_table(wide.reset_index(), {**{c: f.pct for c in wide.columns}, "seesaw_index": f.pts}),
+        ]
+    if a.pareto is not None:
+        front = a.pareto[a.pareto["front_active_params"]]["subnet"].tolist()
+        out += [
+            f"**Pareto frontier (score vs active params):** {', '.join(cell(s) for s in front) or 'none'}.",
+            "",
+        ]
+    if a.operating_points is not None and len(a.operating_points):
+        pts = a.operating_points[["point", "subnet", "score", "active_pct", "total_pct", "speedup"]]
+        out += [
+            "## Operating points",
+            "",
+            md_table(
+                pts,
+                {
+                    "score": f.pct,
+                    "active_pct": f.pct,
+                    "total_pct": f.pct,
+                    "speedup": lambda x: f.num(x, 2) + "x",
+                },
+            ),
+        ]
+    bad = run.units[run.units["status"] != "ok"][["subnet", "task", "status", "reason"]]
+    if len(bad):
+        out += ["## Skipped and failed units", "", md_table(bad)]
+    return "\n".join(out)
+
+
+def compare_summary(base: str, new: str, cells: pd.DataFrame, has_regression: bool, html_path: str) -> str:
+    """The Markdown summary of a comparison."""
+    n_reg = int((cells["verdict"] == "regression").sum())
+    n_imp = int((cells["verdict"] == "improvement").sum())
+    failing = cells[cells["status"] == "failing"]
+    head = "REGRESSION" if has_regression else "no significant regression"
+    out = [
+        f"# Compare: {cell(new)} vs base {cell(base)}: {head}",
+        "",
+        f"{n_reg} significant regressions, {n_imp} significant improvements, {len(failing)} newly failing "
+        f"cells, {int((cells['status'] == 'new').sum())} new and {int((cells['status'] == 'missing').sum())} "
+        f"missing cells (Holm-adjusted p < 0.05). Full page: {code(html_path)}.",
+        "",
+    ]
+    cols = ["subnet", "task", "metric", "base_value", "new_value", "delta", "p_adjusted", "method", "verdict"]
+    flagged = cells[cells["verdict"].isin(["regression", "improvement"])][cols]
+    fmt = {
+        "base_value": lambda x: f.num(x, 4),
+        "new_value": lambda x: f.num(x, 4),
+        "delta": lambda x: f.signed(x, 4),
+        "p_adjusted": f.pvalue,
+    }
+    out += ["## Significant changes", "", md_table(flagged, fmt)]
+    other = cells[cells["status"].isin(["new", "missing", "failing", "version changed"])]
+    if len(other):
+        out += [
+            "## New, missing, failing or changed",
+            "",
+            md_table(other[["subnet", "task", "metric", "status", "note"]]),
+        ]
+    return "\n".join(out)

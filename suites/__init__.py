@@ -1,0 +1,1 @@
+"""Shipped suites (YAML data only): ``smoke`` (CI), ``nightly`` (the main job), ``full``."""
