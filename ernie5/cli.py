@@ -223,6 +223,13 @@ def _sweep_summary(s) -> dict:
     }
 
 
+def cmd_lm_eval(args) -> int:
+    """``ernie5 lm-eval``: lm-eval's own command line with the ``ernie5`` model registered."""
+    from evals.lm_eval_bridge import run_lm_eval_cli
+
+    return run_lm_eval_cli(args.lm_eval_args)
+
+
 def cmd_report(args) -> int:
     """``ernie5 report``."""
     from reports import build_report
@@ -332,6 +339,15 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(fn=cmd_sweep)
 
+    le = sub.add_parser(
+        "lm-eval",
+        add_help=False,
+        help="run any lm-eval task on a sub-model: ernie5 lm-eval --model ernie5 --model_args "
+        "checkpoint=CKPT,subnet=k1 --tasks T [--include_path DIR] [--output_path OUT] (lm-eval's arguments)",
+    )
+    le.add_argument("lm_eval_args", nargs=argparse.REMAINDER)
+    le.set_defaults(fn=cmd_lm_eval)
+
     r = sub.add_parser("report", help="HTML report, Markdown summary and CSV/JSON tables of a sweep run")
     r.add_argument("run_dir", metavar="RUN_DIR", help="sweep run folder (manifest.json, units/, ...)")
     r.add_argument("--out", default=None, help="report folder (default: RUN_DIR/report)")
@@ -364,8 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     from ernie5.runtime import tune_allocator
 
     tune_allocator()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # forward verbatim: argparse's REMAINDER rejects a leading --option
+        args = argparse.Namespace(command="lm-eval", fn=cmd_lm_eval, lm_eval_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except _user_errors() as e:

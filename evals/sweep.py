@@ -106,6 +106,15 @@ def plan_units(
         lim = entry.limit if limit is None else min(limit, entry.limit or limit)
         seed = cfg.seed if entry.seed is None else entry.seed
         tasks.append((task, lim, seed, ok, reason, data_hash))
+    if cfg.lm_eval:
+        from evals.lm_eval_bridge import lm_eval_units
+
+        for entry in cfg.lm_eval:
+            for unit in lm_eval_units(entry, loaded.path.parent):
+                ok, reason = unit.available(data_dir)
+                data_hash = unit.fingerprint_data(data_dir) if ok else ""
+                lim = entry.limit if limit is None else min(limit, entry.limit or limit)
+                tasks.append((unit, lim, cfg.seed, ok, reason, data_hash))
     units = []
     for sub in subnets:
         for task, lim, seed, ok, reason, data_hash in tasks:
@@ -128,9 +137,17 @@ def plan_units(
     return units
 
 
-def evaluate_unit(model, plan: UnitPlan, data_dir) -> tuple[dict, list[dict]]:
+def evaluate_unit(model, plan: UnitPlan, data_dir, work_dir: Path | None = None) -> tuple[dict, list[dict]]:
     """Run one task on the current sub-model; returns the unit record and its samples."""
     task = plan.task
+    if hasattr(task, "run"):  # an lm-eval unit (evals.lm_eval_bridge.LmEvalUnit) runs itself
+        return task.run(
+            model,
+            data_dir=data_dir,
+            limit=plan.limit,
+            seed=plan.seed,
+            work_dir=work_dir or Path("lm_eval_work"),
+        )
     examples = task.examples(data_dir, limit=plan.limit, seed=plan.seed)
     per_example = [task.requests(ex) for ex in examples]
     flat = [(i, j, r) for i, reqs in enumerate(per_example) for j, r in enumerate(reqs)]
@@ -298,7 +315,7 @@ def _compute(
     model_s0 = model.model_seconds
     t0 = time.perf_counter()
     try:
-        result, samples = evaluate_unit(cached, plan, data_dir)
+        result, samples = evaluate_unit(cached, plan, data_dir, run_dir / "lm_eval_tasks")
         status, reason = "ok", ""
     except Exception as e:  # noqa: BLE001 - a failing task is recorded and the sweep goes on
         result, samples = {"traceback": traceback.format_exc()}, []

@@ -1,0 +1,252 @@
+"""The lm-eval bridge: the ``ernie5`` LM, lm-eval's command line, --use_cache refusal, suite units."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from lm_eval import simple_evaluate  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.loggers import EvaluationTracker  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from ernie5.checkpoint import load_checkpoint  # noqa: E402
+from ernie5.model.elastic import resolve  # noqa: E402
+from ernie5.params import count_params  # noqa: E402
+from evals.adapter import Ernie5EvalModel  # noqa: E402
+from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest  # noqa: E402
+from evals.lm_eval_bridge import Ernie5LM, _all_local, lm_eval_units, run_lm_eval_cli  # noqa: E402
+from evals.suite import LmEvalEntry  # noqa: E402
+
+SUITES = Path(__file__).resolve().parents[2] / "suites"
+N_DOCS = 6
+TOY_YAML = """\
+task: toy_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Q: {{{{q}}}}\\nA:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list: [{{metric: acc, aggregation: mean, higher_is_better: true}}]
+metadata: {{version: 1.0}}
+"""
+GEN_YAML = """\
+task: toy_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: "{data_dir}/toy/gen.jsonl"
+test_split: test
+output_type: generate_until
+doc_to_text: "Q: {{q}}\\nA:"
+doc_to_target: "{{a}}"
+generation_kwargs: {until: ["\\n"], do_sample: false, max_gen_toks: 4}
+metric_list: [{metric: exact_match, aggregation: mean, higher_is_better: true}]
+filter_list:
+  - {name: none, filter: [{function: take_first}]}
+  - {name: first-number, filter: [{function: regex, regex_pattern: "(-?[0-9]+)"}, {function: take_first}]}
+metadata: {version: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    from ernie5.config import load
+    from ernie5.presets import resolve_config_path
+    from train.config import RunConfig
+    from train.loop import pretrain
+
+    run = tmp_path_factory.mktemp("ckpt") / "run"
+    cfg = load(RunConfig, resolve_config_path("micro"), ["train.steps=10", "data.tokenizer_chars=20000"])
+    pretrain(cfg, run, quiet=True)
+    return run
+
+
+@pytest.fixture(scope="module")
+def eval_model(run_dir) -> Ernie5EvalModel:
+    from train.loop import checkpoint_dirs
+
+    return Ernie5EvalModel(load_checkpoint(checkpoint_dirs(run_dir)[-1]), batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def toy_tasks(tmp_path_factory) -> Path:
+    """A local multiple-choice task over a jsonl, with an absolute data_files path."""
+    root = tmp_path_factory.mktemp("toy")
+    data = root / "toy.jsonl"
+    rows = [{"q": f"{i}+{i}=", "choices": [str(2 * i), str(2 * i + 1), str(i)], "label": 0}
+            for i in range(N_DOCS)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "tasks").mkdir()
+    (root / "tasks" / "toy_mc.yaml").write_text(TOY_YAML.format(data=data))
+    return root / "tasks"
+
+
+def _instance(kind: str, args: tuple, idx: int = 0) -> Instance:
+    return Instance(request_type=kind, doc={}, arguments=args, idx=idx)
+
+
+def test_simple_evaluate_on_a_local_task(eval_model, toy_tasks):
+    tm = TaskManager(include_path=str(toy_tasks), include_defaults=False)
+    out = simple_evaluate(
+        model=Ernie5LM.from_eval_model(eval_model), tasks=["toy_mc"], task_manager=tm, log_samples=True,
+        evaluation_tracker=EvaluationTracker(), bootstrap_iters=0,
+    )
+    acc = float(out["results"]["toy_mc"]["acc,none"])
+    assert 0.0 <= acc <= 1.0
+    assert out["n-samples"]["toy_mc"]["effective"] == N_DOCS and len(out["samples"]["toy_mc"]) == N_DOCS
+    assert out["config"]["subnet"] == "full" and out["config"]["fingerprint"] == eval_model.fingerprint
+
+
+def test_requests_map_to_the_adapter_in_order(eval_model):
+    lm = Ernie5LM.from_eval_model(eval_model)
+    pairs = [("Q: 1+1=\nA:", " 2"), ("", "hello"), ("Q: 3+3=\nA:", " 6")]
+    got = lm.loglikelihood([_instance("loglikelihood", p, i) for i, p in enumerate(pairs)])
+    want = eval_model.loglikelihood([LoglikelihoodRequest(c, x) for c, x in pairs])
+    assert [g[0] for g in got] == pytest.approx([w.logprob for w in want], abs=1e-5)
+    assert [g[1] for g in got] == [w.is_greedy for w in want]
+    text = "to be or not to be"
+    (roll,) = lm.loglikelihood_rolling([_instance("loglikelihood_rolling", (text,))])
+    assert roll == pytest.approx(eval_model.loglikelihood_rolling([RollingRequest(text)])[0].logprob)
+    gens = lm.generate_until([
+        _instance("generate_until", ("Q: 2+2=\nA:", {"until": "\n", "max_gen_toks": 5, "do_sample": False})),
+        _instance("generate_until", ("Q: 5+5=\nA:", {"until": ["Q:", "\n"], "max_gen_toks": 8,
+                                                     "do_sample": True, "temperature": 0})),
+    ])
+    want_gen = eval_model.generate([
+        GenerationRequest("Q: 2+2=\nA:", max_new_tokens=5, stop=("\n",)),
+        GenerationRequest("Q: 5+5=\nA:", max_new_tokens=8, stop=("Q:", "\n")),
+    ])
+    assert gens == [w.text for w in want_gen] and all("\n" not in g for g in gens)
+    req = lm._gen_request(("x", {"max_gen_toks": 10_000, "do_sample": True, "temperature": 0.7}))
+    assert req.max_new_tokens < eval_model.max_len and req.temperature == 0.7
+    req = lm._gen_request(("x", {"until": "Q:", "temperature": 0.7}))  # do_sample absent: greedy
+    assert req.max_new_tokens == 256 and req.temperature == 0.0 and req.stop == ("Q:",)
+
+
+def test_cli_writes_results_with_the_subnet_info(run_dir, toy_tasks, tmp_path):
+    out = tmp_path / "out"
+    rc = run_lm_eval_cli([
+        "--model", "ernie5", "--model_args", f"checkpoint={run_dir},subnet=k1", "--tasks", "toy_mc",
+        "--include_path", str(toy_tasks), "--output_path", str(out), "--log_samples",
+    ])
+    assert rc == 0
+    (results,) = out.rglob("results_*.json")
+    cfg = json.loads(results.read_text())["config"]
+    ckpt = load_checkpoint(cfg["checkpoint"])
+    assert cfg["subnet"] == "k1" and cfg["top_k"] == 1 and cfg["device"] == "cpu"
+    assert cfg["active_params"] == count_params(ckpt.cfg, resolve("k1", ckpt.cfg)).active_params
+    assert cfg["active_params"] < cfg["total_params"]
+    assert len(list(out.rglob("samples_toy_mc_*.jsonl"))) == 1
+
+
+def test_subnets_answer_differently_and_our_cache_keeps_them_apart(run_dir, tmp_path):
+    db = tmp_path / "cache.sqlite"
+    full = Ernie5LM(checkpoint=str(run_dir), subnet="full", batch_size="auto", cache=str(db))
+    small = Ernie5LM(checkpoint=str(run_dir), subnet="d0.5-w0.5-k1", batch_size=2, cache=str(db))
+    req = [_instance("loglikelihood", ("Q: 1+1=\nA:", " 2"))]
+    a, b = full.loglikelihood(req)[0][0], small.loglikelihood(req)[0][0]
+    assert a != pytest.approx(b)
+    assert small.loglikelihood(req)[0][0] == b and full.loglikelihood(req)[0][0] == a  # cache hits
+    assert full.eval_model.hits == 1 and small.eval_model.hits == 1
+    info = small.get_model_info()
+    assert info["subnet"] == "d0.5-w0.5-k1" and len(info["layers"]) == 2 and info["top_k"] == 1
+    assert info["active_params"] < full.get_model_info()["active_params"]
+    with pytest.raises(ValueError, match="device"):
+        Ernie5LM(checkpoint=str(run_dir), device="mps")
+
+
+@pytest.mark.parametrize("form", [["run"], []])
+def test_use_cache_is_refused_on_the_cli(run_dir, tmp_path, capsys, form):
+    cache = tmp_path / "lm_cache"
+    flag = "--use_cache" if form else "-c"
+    argv = [*form, "--model", "ernie5", "--model_args", f"checkpoint={run_dir}", "--tasks", "toy_mc",
+            flag, str(cache)]
+    assert run_lm_eval_cli(argv) == 2
+    assert "--use_cache" in capsys.readouterr().err and not list(tmp_path.glob("lm_cache*"))
+
+
+def test_device_variant_of_the_adapter_answers_the_same(eval_model):
+    from evals.lm_eval_bridge import _DeviceEvalModel
+
+    reqs = [LoglikelihoodRequest("Q: 1+1=\nA:", " 2"), LoglikelihoodRequest("ab", "cd")]
+    moved = _DeviceEvalModel(eval_model.ckpt, eval_model.subnet, batch_size=2).loglikelihood(reqs)
+    plain = eval_model.loglikelihood(reqs)
+    assert [r.logprob for r in moved] == pytest.approx([r.logprob for r in plain], abs=1e-5)
+
+
+def test_use_cache_is_refused_in_python(eval_model, toy_tasks, tmp_path):
+    tm = TaskManager(include_path=str(toy_tasks), include_defaults=False)
+    with pytest.raises(ValueError, match="use_cache"):
+        simple_evaluate(model=Ernie5LM.from_eval_model(eval_model), tasks=["toy_mc"], task_manager=tm,
+                        use_cache=str(tmp_path / "c"))
+
+
+def test_shipped_arc_task_as_a_suite_unit(eval_model, data_root, tmp_path):
+    (arc,) = lm_eval_units(LmEvalEntry(task_dir="lm_eval", tasks=("arc_easy_local",), limit=5), SUITES)
+    assert arc.name == "lmeval-arc_easy_local" and arc.version == 1
+    assert arc.metrics == {"acc": True, "acc_norm": True}
+    assert arc.kwargs["lm_eval_task"] == "arc_easy_local" and arc.available(data_root) == (True, "")
+    result, samples = arc.run(eval_model, data_dir=data_root, limit=5, seed=0, work_dir=tmp_path / "w")
+    assert result["n_examples"] == 5 and set(result["metrics"]) == {"acc", "acc_norm"}
+    for m in result["metrics"].values():
+        assert math.isfinite(m["value"]) and type(m["value"]) is float
+        assert m["n"] == 5 and m["higher_is_better"] is True
+        assert math.isfinite(m["stderr"]) and type(m["stderr"]) is float
+    assert [s["id"] for s in samples] == [str(i) for i in range(5)]
+    first = samples[0]
+    assert set(first["scores"]) == {"acc", "acc_norm"} and first["sample"]["prompt"].startswith("Question:")
+    assert first["sample"]["target"] == "Sunlight is the source of energy for nearly all ecosystems."
+    assert first["sample"]["prediction"] and len(first["sample"]["logprobs"]) >= 3
+    json.dumps(samples, allow_nan=False)
+    copied = next((tmp_path / "w").rglob("arc_easy_local.yaml")).read_text()
+    assert "{data_dir}" not in copied and str(data_root.resolve()) in copied
+
+
+def test_shipped_units_check_their_data(data_root, tmp_path):
+    arc, gsm = lm_eval_units(LmEvalEntry(task_dir="lm_eval", tasks=("arc_easy_local", "gsm8k_local")), SUITES)
+    assert set(gsm.metrics) == {"exact_match_strict-match", "exact_match_flexible-extract"}
+    ok, reason = arc.available(tmp_path / "empty")
+    assert not ok and "ARC-Easy" in reason and str(tmp_path / "empty") in reason and "\n" not in reason
+    assert not arc.available(None)[0]
+    fp = arc.fingerprint_data(data_root)
+    assert fp == arc.fingerprint_data(data_root) != gsm.fingerprint_data(data_root)
+
+
+def test_generation_unit_with_filters(eval_model, tmp_path):
+    root, data = tmp_path / "suite", tmp_path / "data"
+    (root / "tasks").mkdir(parents=True)
+    (data / "toy").mkdir(parents=True)
+    rows = [{"q": f"{i}+1=", "a": str(i + 1)} for i in range(3)]
+    (data / "toy" / "gen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "tasks" / "gen.yaml").write_text(GEN_YAML)
+    (unit,) = lm_eval_units(LmEvalEntry(task_dir="tasks", tasks=("toy_gen",), num_fewshot=0), root)
+    assert unit.version == 2 and set(unit.metrics) == {"exact_match", "exact_match_first-number"}
+    result, samples = unit.run(eval_model, data_dir=data, limit=None, seed=1, work_dir=tmp_path / "w")
+    assert set(result["metrics"]) == set(unit.metrics) and result["n_examples"] == 3
+    assert all(0.0 <= m["value"] <= 1.0 for m in result["metrics"].values())
+    assert [s["id"] for s in samples] == ["0", "1", "2"]
+    assert set(samples[0]["scores"]) == set(unit.metrics)
+    assert {"prediction", "prediction_first-number", "output", "target"} <= set(samples[0]["sample"])
+    assert samples[0]["sample"]["target"] == "1"
+
+
+def test_cli_skips_the_builtin_task_index_only_for_local_tasks(toy_tasks):
+    assert _all_local("toy_mc", str(toy_tasks)) and not _all_local("toy_mc,arc_easy", str(toy_tasks))
+    assert not _all_local("toy_mc", None)
+
+
+def test_unknown_lm_eval_task_is_named(tmp_path):
+    with pytest.raises(ValueError, match="nope"):
+        lm_eval_units(LmEvalEntry(task_dir="lm_eval", tasks=("nope",)), SUITES)
