@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -40,8 +41,10 @@ from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest  #
 from evals.cache import CachedModel, ResponseCache  # noqa: E402
 
 LM_EVAL_VERSION = importlib.metadata.version("lm-eval")
-USE_CACHE_ERROR = ("lm-eval's --use_cache is not keyed by model, so sub-models would share answers; the "
-                   "ernie5 bridge caches per checkpoint and subnet itself: use --model_args ...,cache=PATH")
+USE_CACHE_ERROR = (
+    "lm-eval's --use_cache is not keyed by model, so sub-models would share answers; the "
+    "ernie5 bridge caches per checkpoint and subnet itself: use --model_args ...,cache=PATH"
+)
 EXCERPT_CHARS = 300
 _TASK_MANAGERS: dict[str, Any] = {}
 
@@ -50,6 +53,27 @@ def _inner(model: Any) -> Any:
     while isinstance(model, CachedModel):
         model = model.model
     return model
+
+
+@contextlib.contextmanager
+def _quiet_lm_eval():
+    """lm-eval runs ``git describe`` in the working directory (its stderr leaks "not a git
+    repository" outside a checkout) and draws progress bars; report our git hash and stay quiet."""
+    import lm_eval.evaluator as evaluator
+
+    from ernie5.runs import git_info
+
+    saved_hash, saved_env = evaluator.get_git_commit_hash, os.environ.get("TQDM_DISABLE")
+    evaluator.get_git_commit_hash = lambda: git_info()["git_hash"]
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = saved_hash
+        if saved_env is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = saved_env
 
 
 class _DeviceEvalModel(Ernie5EvalModel):
@@ -64,8 +88,15 @@ class _DeviceEvalModel(Ernie5EvalModel):
 class Ernie5LM(LM):
     """An ERNIE5 checkpoint + sub-model as an lm-eval ``LM``, answering through our EvalModel."""
 
-    def __init__(self, checkpoint: str | None = None, subnet: str = "full", batch_size: Any = None,
-                 device: str | None = None, cache: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        subnet: str = "full",
+        batch_size: Any = None,
+        device: str | None = None,
+        cache: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__()
         if not checkpoint:
             raise ValueError("ernie5: model_args needs checkpoint=PATH (a checkpoint or run folder)")
@@ -83,7 +114,8 @@ class Ernie5LM(LM):
             importance = compute_importance(ckpt.model, batches)
         bs = 16 if batch_size is None or str(batch_size).startswith("auto") else max(1, int(batch_size))
         model = (Ernie5EvalModel if dev == "cpu" else _DeviceEvalModel)(
-            ckpt, resolve(spec, ckpt.cfg, importance), batch_size=bs)
+            ckpt, resolve(spec, ckpt.cfg, importance), batch_size=bs
+        )
         self._setup(CachedModel(model, ResponseCache(cache)) if cache else model)
         self._device = dev
 
@@ -128,11 +160,18 @@ class Ernie5LM(LM):
         if ckpt is None or sub is None:
             return info
         rep, n_exp = count_params(ckpt.cfg, sub), ckpt.cfg.moe.n_experts
-        return {**info, "checkpoint": str(ckpt.path), "checkpoint_hash": getattr(inner, "ckpt_hash", None),
-                "subnet": sub.name, "layers": list(sub.layers), "top_k": sub.top_k,
-                "experts_per_layer": [n_exp if e is None else len(e) for e in sub.experts],
-                "active_params": rep.active_params, "total_params": rep.total_params,
-                "activation_rate": rep.activation_rate}
+        return {
+            **info,
+            "checkpoint": str(ckpt.path),
+            "checkpoint_hash": getattr(inner, "ckpt_hash", None),
+            "subnet": sub.name,
+            "layers": list(sub.layers),
+            "top_k": sub.top_k,
+            "experts_per_layer": [n_exp if e is None else len(e) for e in sub.experts],
+            "active_params": rep.active_params,
+            "total_params": rep.total_params,
+            "activation_rate": rep.activation_rate,
+        }
 
 
 def run_lm_eval_cli(argv: list[str]) -> int:
@@ -233,13 +272,18 @@ class LmEvalUnit:
         self.name = "lmeval-" + re.sub(r"[^A-Za-z0-9_.-]", "_", lm_eval_task)
         cfg, self._files = _read_task_yaml(yaml_path)
         files = (cfg.get("dataset_kwargs") or {}).get("data_files") or []  # str | list | split -> str | list
-        self._refs = [f for v in (files.values() if isinstance(files, dict) else [files])
-                      for f in ([v] if isinstance(v, str) else v)]
+        self._refs = [
+            f
+            for v in (files.values() if isinstance(files, dict) else [files])
+            for f in ([v] if isinstance(v, str) else v)
+        ]
         self.version = int(_num((cfg.get("metadata") or {}).get("version", 0)) or 0)
         filters = [f.get("name", "none") for f in cfg.get("filter_list") or []] or ["none"]
         self.metrics: dict[str, bool] = {
             m["metric"] + ("" if f == "none" else f"_{f}"): bool(m.get("higher_is_better", True))
-            for m in cfg.get("metric_list") or [] if isinstance(m, dict) for f in filters
+            for m in cfg.get("metric_list") or []
+            if isinstance(m, dict)
+            for f in filters
         }
         self.kwargs = {"lm_eval_task": lm_eval_task, "num_fewshot": num_fewshot, "lm_eval": LM_EVAL_VERSION}
 
@@ -283,8 +327,9 @@ class LmEvalUnit:
             _TASK_MANAGERS[str(dst)] = TaskManager(include_path=str(dst), include_defaults=False)
         return _TASK_MANAGERS[str(dst)]
 
-    def run(self, model: Any, *, data_dir: str | Path | None, limit: int | None, seed: int,
-            work_dir: Path) -> tuple[dict, list[dict]]:
+    def run(
+        self, model: Any, *, data_dir: str | Path | None, limit: int | None, seed: int, work_dir: Path
+    ) -> tuple[dict, list[dict]]:
         """Evaluate ``model`` (an EvalModel): ``({"metrics", "n_examples"}, samples)`` for the unit record."""
         from lm_eval import simple_evaluate
         from lm_eval.loggers import EvaluationTracker
@@ -293,19 +338,31 @@ class LmEvalUnit:
         if not ok:
             raise FileNotFoundError(reason)
         task, tm = self.lm_eval_task, self._task_manager(data_dir, work_dir)
-        out = simple_evaluate(
-            model=Ernie5LM.from_eval_model(model), tasks=[task], task_manager=tm, limit=limit,
-            num_fewshot=self.kwargs["num_fewshot"], log_samples=True, use_cache=None, bootstrap_iters=1000,
-            evaluation_tracker=EvaluationTracker(), random_seed=seed, numpy_random_seed=seed,
-            torch_random_seed=seed, fewshot_random_seed=seed,
-        )
+        with _quiet_lm_eval():
+            out = simple_evaluate(
+                model=Ernie5LM.from_eval_model(model),
+                tasks=[task],
+                task_manager=tm,
+                limit=limit,
+                num_fewshot=self.kwargs["num_fewshot"],
+                log_samples=True,
+                use_cache=None,
+                bootstrap_iters=1000,
+                evaluation_tracker=EvaluationTracker(),
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+            )
         res, higher = out["results"][task], out.get("higher_is_better", {}).get(task, {})
         n = int((out.get("n-samples", {}).get(task) or {}).get("effective", 0))
         metrics = {}
         for metric, flt in (k.split(",", 1) for k in res if "," in k and "_stderr," not in k):
             metrics[metric if flt == "none" else f"{metric}_{flt}"] = {
-                "value": _num(res[f"{metric},{flt}"]), "stderr": _num(res.get(f"{metric}_stderr,{flt}")),
-                "n": n, "higher_is_better": bool(higher.get(metric, self.metrics.get(metric, True))),
+                "value": _num(res[f"{metric},{flt}"]),
+                "stderr": _num(res.get(f"{metric}_stderr,{flt}")),
+                "n": n,
+                "higher_is_better": bool(higher.get(metric, self.metrics.get(metric, True))),
             }
         self.metrics = {name: m["higher_is_better"] for name, m in metrics.items()}
         return {"metrics": metrics, "n_examples": n}, _samples(out.get("samples", {}).get(task, []))
@@ -344,6 +401,8 @@ def lm_eval_units(entry: Any, suite_dir: Path) -> list[LmEvalUnit]:
     found = _defined_tasks(task_dir)
     missing = [t for t in entry.tasks if t not in found]
     if missing:
-        raise ValueError(f"lm_eval: task(s) {', '.join(missing)} not defined in {task_dir} "
-                         f"(found: {', '.join(sorted(found)) or 'none'})")
+        raise ValueError(
+            f"lm_eval: task(s) {', '.join(missing)} not defined in {task_dir} "
+            f"(found: {', '.join(sorted(found)) or 'none'})"
+        )
     return [LmEvalUnit(t, found[t], task_dir, entry.num_fewshot) for t in entry.tasks]
