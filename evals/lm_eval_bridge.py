@@ -59,21 +59,19 @@ def _inner(model: Any) -> Any:
 def _quiet_lm_eval():
     """lm-eval runs ``git describe`` in the working directory (its stderr leaks "not a git
     repository" outside a checkout) and draws progress bars; report our git hash and stay quiet."""
+    import lm_eval.api.task as task_module
     import lm_eval.evaluator as evaluator
 
     from ernie5.runs import git_info
 
-    saved_hash, saved_env = evaluator.get_git_commit_hash, os.environ.get("TQDM_DISABLE")
+    saved_hash, saved_tqdm = evaluator.get_git_commit_hash, task_module.tqdm
     evaluator.get_git_commit_hash = lambda: git_info()["git_hash"]
-    os.environ["TQDM_DISABLE"] = "1"
+    task_module.tqdm = functools.partial(saved_tqdm, disable=True)  # "Building contexts" bars
     try:
         yield
     finally:
         evaluator.get_git_commit_hash = saved_hash
-        if saved_env is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = saved_env
+        task_module.tqdm = saved_tqdm
 
 
 class _DeviceEvalModel(Ernie5EvalModel):

@@ -11,7 +11,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 @pytest.fixture(autouse=True)
@@ -24,12 +25,13 @@ def _torch_state():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def data_dir() -> Path:
-    """The shared real-data root (``$ERNIE5_DATA_DIR`` or ``../shared/data``); skips when absent."""
-    root = Path(os.environ.get("ERNIE5_DATA_DIR", SHARED_DATA))
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    """The real data root (``$ERNIE5_DATA_DIR``, else ``../shared/data`` beside the project);
+    skips the test when absent."""
+    root = Path(os.environ.get("ERNIE5_DATA_DIR") or SHARED_DATA)
     if not root.is_dir():
-        pytest.skip(f"data root {root} not present")
+        pytest.skip(f"no real data root at {root}")
     return root
 
 
@@ -49,3 +51,30 @@ def tiny_config(**overrides):
 def tiny_cfg():
     """The default tiny config."""
     return tiny_config()
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for a subprocess running the CLI from this checkout, offline, without a data root."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **extra)
+    env.pop("ERNIE5_DATA_DIR", None)
+    return env
+
+
+def accelerate_prefix(n_processes: int = 2) -> list[str]:
+    """``accelerate launch`` for ``n`` data-parallel CPU processes (torchrun + gloo; ``--cpu`` starts one)."""
+    import sys
+
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    return [
+        accelerate,
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(n_processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]

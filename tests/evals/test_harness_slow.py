@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import cli_env
+
 SUITE = """
 name: killable
 batch_size: 4
@@ -27,10 +27,7 @@ efficiency: {enabled: false}
 """
 
 
-def _env():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.pop("ERNIE5_DATA_DIR", None)
-    return env
+_env = cli_env
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -12,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from ernie5.cli import main
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import cli_env
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +80,7 @@ def test_nightly_bad_input(tmp_path, capsys):
 @pytest.mark.slow
 def test_nightly_from_scratch_on_a_fresh_machine_within_10_minutes(tmp_path):
     """No arguments, no data root, empty cache: trains the mini model, sweeps, reports."""
-    env = dict(
-        os.environ,
-        HOME=str(tmp_path / "home"),
-        ERNIE5_CACHE_DIR=str(tmp_path / "cache"),
-        PYTHONPATH=str(ROOT),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-    )
-    env.pop("ERNIE5_DATA_DIR", None)
+    env = cli_env(HOME=str(tmp_path / "home"), ERNIE5_CACHE_DIR=str(tmp_path / "cache"))
     t0 = time.perf_counter()
     r = subprocess.run(
         [sys.executable, "-m", "ernie5.cli", "nightly", "--quiet"],

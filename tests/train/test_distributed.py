@@ -4,7 +4,6 @@ processes join a gloo group: 2 CPU processes here) and kill -9 resume."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -15,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import cli_env
+
 COMMON = [
     "--config",
     "micro",
@@ -33,10 +33,7 @@ COMMON = [
 ]
 
 
-def _env():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.pop("ERNIE5_DATA_DIR", None)
-    return env
+_env = cli_env
 
 
 def _losses(run: Path):
