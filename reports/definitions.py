@@ -18,8 +18,9 @@ ABOUT: tuple[tuple[str, str], ...] = (
         "full / subnet when lower is better (bits per byte, WER). 100% = as good as the full model, "
         "below 100% = worse, above = better; the heatmap shows it as a change, (ratio - 1) x 100%. A ratio "
         "is what the paper's elastic tables are read with (ES25%: 74.43 / 75.55 = 98.5%) and it keeps "
-        "metrics on different scales comparable. It is 1 when both values are 0 and undefined (n/a, left "
-        "out of every aggregate) when only the denominator is 0 or a value is negative.",
+        "metrics on different scales comparable. A task the full model scores 0 on (higher is better) has "
+        "no retention signal and is n/a, left out of every aggregate, as is any ratio with a 0 denominator "
+        "or a negative value; two perfect 0 scores on a lower-is-better metric count as 100%.",
     ),
     (
         "Uncertainty of a relative score",

@@ -46,14 +46,16 @@ def relative_score(value: float, full: float, higher_is_better: bool) -> float:
         higher_is_better: the metric's direction.
 
     Returns:
-        ``value / full`` (higher is better) or ``full / value`` (lower is better); 1.0 when both
-        are 0; NaN when a value is negative or NaN, or only the denominator is 0.
+        ``value / full`` (higher is better) or ``full / value`` (lower is better); NaN when a value
+        is negative or NaN or the denominator is 0 -- except two perfect scores on a lower-is-better
+        metric (both 0), which is 1.0. A task the full model scores 0 on (higher is better) carries no
+        retention signal: a subnet can only tie or look infinitely better, so it is left out.
     """
     num, den = (value, full) if higher_is_better else (full, value)
     if any(math.isnan(x) or x < 0 for x in (num, den)):
         return math.nan
     if den == 0:
-        return 1.0 if num == 0 else math.nan
+        return 1.0 if (num == 0 and not higher_is_better) else math.nan
     return num / den
 
 
@@ -62,8 +64,8 @@ def relative_stderr(
 ) -> float:
     """Delta-method stderr of :func:`relative_score` (independent errors); NaN where undefined.
 
-    When both values are 0 the ratio is 1 by definition; its stderr is 0 if both stderrs are 0 (every
-    example scored 0, a deterministic tie) and NaN otherwise.
+    When both values are a perfect 0 (lower is better) the ratio is 1 by definition; its stderr is 0
+    if both stderrs are 0 (a deterministic tie) and NaN otherwise.
     """
     num, den = (value, full) if higher_is_better else (full, value)
     se_num, se_den = (stderr, full_stderr) if higher_is_better else (full_stderr, stderr)

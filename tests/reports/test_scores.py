@@ -27,7 +27,7 @@ NAN = math.nan
         (0.9, 0.6, True, 1.5),  # better than full
         (2.5, 2.0, False, 0.8),  # bits per byte went up: full / sub
         (0.15, 0.3, False, 2.0),  # WER halved
-        (0.0, 0.0, True, 1.0),  # both zero: no change
+        (0.0, 0.0, True, NAN),  # full scored 0: no retention signal, left out
         (0.0, 0.0, False, 1.0),  # WER 0 for both
         (0.3, 0.0, True, NAN),  # full scored 0: ratio undefined
         (0.0, 0.2, False, NAN),  # sub WER 0: ratio undefined
@@ -50,7 +50,8 @@ def test_relative_score(value, full, higher, expected):
         (2.0, 0.2, 1.0, 0.0, False, 0.05),  # ratio full / sub
         (0.5, NAN, 1.0, 0.1, True, NAN),
         (0.5, 0.1, 0.0, 0.1, True, NAN),
-        (0.0, 0.0, 0.0, 0.0, True, 0.0),  # every example 0 in both: a deterministic tie
+        (0.0, 0.0, 0.0, 0.0, True, NAN),  # full scored 0: no retention signal
+        (0.0, 0.0, 0.0, 0.0, False, 0.0),  # a perfect 0 (e.g. WER) in both: a deterministic tie
         (0.0, 0.1, 0.0, 0.0, False, NAN),
     ],
 )
