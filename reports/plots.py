@@ -209,29 +209,41 @@ def frequency_plot(freq: pd.DataFrame, layers: list[int]) -> str:
 
 
 def iou_plot(ious: pd.DataFrame, layers: list[int]) -> str:
-    """IoU of the top-25% experts between groups, one heatmap per layer."""
-    fig = Figure(figsize=(WIDTH, 4.2), layout="constrained")
+    """IoU of the top-25% experts between groups, one heatmap per layer (stacked when there are
+    many groups, with cell values only where they stay legible)."""
+    n_groups = ious["a"].nunique()
+    annotate = n_groups <= 8
+    stacked = n_groups > 5
+    rows, cols = (len(layers), 1) if stacked else (1, len(layers))
+    side = 3.2 + 0.38 * n_groups
+    fig = Figure(
+        figsize=(WIDTH if not stacked else side + 2.5, 4.2 if not stacked else side * rows),
+        layout="constrained",
+    )
     for k, layer in enumerate(layers):
-        ax = fig.add_subplot(1, len(layers), k + 1)
+        ax = fig.add_subplot(rows, cols, k + 1)
         grid = ious[ious["layer"] == layer].pivot_table(index="a", columns="b", values="iou", aggfunc="first")
         names = list(grid.index)
         grid = grid.reindex(index=names, columns=names)
-        ax.imshow(grid.to_numpy(float), cmap="Blues", vmin=0, vmax=1)
-        for i in range(len(names)):
-            for j in range(len(names)):
-                v = grid.iloc[i, j]
-                ax.text(
-                    j,
-                    i,
-                    "n/a" if pd.isna(v) else f"{v:.2f}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="white" if not pd.isna(v) and v > 0.6 else "black",
-                )
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=9)
-        ax.set_yticks(range(len(names)), names, fontsize=9)
+        image = ax.imshow(grid.to_numpy(float), cmap="Blues", vmin=0, vmax=1)
+        if annotate:
+            for i in range(len(names)):
+                for j in range(len(names)):
+                    v = grid.iloc[i, j]
+                    ax.text(
+                        j,
+                        i,
+                        "n/a" if pd.isna(v) else f"{v:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if not pd.isna(v) and v > 0.6 else "black",
+                    )
+        ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.set_title(f"Layer {layer}")
+        if not annotate:
+            fig.colorbar(image, ax=ax, shrink=0.8, label="IoU")
     fig.suptitle("IoU of the top-25% most activated experts (1 = same experts, 0 = disjoint)")
     return _png(fig)
 
