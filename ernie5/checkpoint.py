@@ -57,7 +57,8 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 TRAIN_TENSORS_FILE = "train_tensors.safetensors"
 TRAIN_STATE_FILE = "train_state.json"
 TRAIN_FILES = (OPTIMIZER_FILE, TRAIN_TENSORS_FILE, TRAIN_STATE_FILE)
-RESERVED_FILES = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE, META_FILE, *TRAIN_FILES)
+VISION_TOKENIZER_FILES = ("vision_tokenizer.safetensors", "vision_tokenizer.yaml")
+RESERVED_FILES = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE, META_FILE, *TRAIN_FILES, *VISION_TOKENIZER_FILES)
 _STEP_DIR = re.compile(r"step_(\d+)")
 _CHUNK = 1 << 20
 
@@ -77,6 +78,8 @@ class Checkpoint:
     tokenizer: TextTokenizer | None
     meta: dict[str, Any]
     """Everything in ``meta.json``: the caller's metadata plus ``format`` and ``files``."""
+    vision_tokenizer: Any = None
+    """The frozen vision tokenizer the model was trained with (``VisionTokenizer``), if any."""
 
 
 # ---------------------------------------------------------------------- files
@@ -361,6 +364,7 @@ def save_checkpoint(
     meta: dict[str, Any] | None = None,
     extra_files: dict[str, bytes] | None = None,
     train_state: tuple[torch.optim.Optimizer, dict[str, torch.Tensor], dict[str, Any]] | None = None,
+    vision_tokenizer: Any = None,
 ) -> Path:
     """Write a checkpoint directory atomically (replacing ``path`` if it exists).
 
@@ -372,6 +376,8 @@ def save_checkpoint(
             recomputed, so passing a loaded checkpoint's ``meta`` back is fine.
         extra_files: more files (plain names, not the reserved ones) covered by the manifest.
         train_state: ``(optimizer, tensors, state)`` for exact resume (see :func:`save_train_state`).
+        vision_tokenizer: the frozen ``VisionTokenizer`` of a vision model, stored as
+            ``vision_tokenizer.safetensors`` + ``vision_tokenizer.yaml`` (covered by the manifest).
 
     Returns:
         ``path``.
@@ -414,6 +420,13 @@ def save_checkpoint(
             save_train_state(tmp, optimizer=optimizer, tensors=tensors, state=state)
         for name, data in extra_files.items():
             _write_bytes(tmp / name, data)
+        if vision_tokenizer is not None:
+            _write_tensors(
+                tmp / VISION_TOKENIZER_FILES[0],
+                {k: v.contiguous() for k, v in vision_tokenizer.state_dict().items()},
+                metadata={},
+            )
+            _write_bytes(tmp / VISION_TOKENIZER_FILES[1], dump(vision_tokenizer.cfg).encode())
         files = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())}
         # meta.json last: its presence (with the manifest) is what makes a checkpoint complete.
         text = json.dumps({**meta, "format": FORMAT, "files": files}, indent=2, sort_keys=True)
@@ -465,7 +478,39 @@ def load_checkpoint(
                 f"{path / TOKENIZER_FILE}: {tokenizer.vocab_size} tokens > vocab_size={cfg.vocab_size}"
             )
     model = _load_model(path / MODEL_FILE, cfg, str(torch.device(device)), dtype)
-    return Checkpoint(path=path, model=model, cfg=cfg, tokenizer=tokenizer, meta=meta)
+    vision_tok = (
+        _load_vision_tokenizer(path, cfg, device) if (path / VISION_TOKENIZER_FILES[0]).is_file() else None
+    )
+    return Checkpoint(
+        path=path, model=model, cfg=cfg, tokenizer=tokenizer, meta=meta, vision_tokenizer=vision_tok
+    )
+
+
+def _load_vision_tokenizer(path: Path, cfg: ModelConfig, device) -> Any:
+    """The stored vision tokenizer, checked against the model's vision config."""
+    from ernie5.tokenizers.vision import VisionTokenizer
+    from ernie5.tokenizers.vision_config import VisionTokenizerConfig
+
+    weights_file, config_file = (path / name for name in VISION_TOKENIZER_FILES)
+    try:
+        tcfg = from_dict(VisionTokenizerConfig, read_yaml(config_file))
+    except ConfigError as e:
+        raise CheckpointError(f"{config_file}: {e}") from None
+    v = cfg.vision
+    want = (v.image_size, v.latent_size, v.latent_bits, tuple(v.scales), v.cnn_channels)
+    got = (tcfg.image_size, tcfg.latent_size, tcfg.latent_bits, tuple(tcfg.scales), tcfg.feature_channels)
+    if want != got:
+        raise CheckpointError(
+            f"{config_file}: tokenizer (image, latent, bits, scales, channels)={got} does not fit "
+            f"the model's vision config {want}"
+        )
+    tok = VisionTokenizer(tcfg)
+    try:
+        state = _read_tensors(weights_file)
+        tok.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
+    return tok.to(device).eval().requires_grad_(False)
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:

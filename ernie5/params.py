@@ -6,7 +6,8 @@ Definitions (used by ``ernie5 params``, the harness's efficiency columns and the
     head and the MTP modules.
   * ``active_params``: parameters used to process one token in a plain forward: everything except
     the routed experts a token does not select and the MTP modules (they only serve training and
-    speculative drafting). The input embedding table is counted whole, as Hugging Face does.
+    speculative drafting) and the vision modules (a text token never touches them). The input
+    embedding table is counted whole, as Hugging Face does.
   * ``active_params_no_embedding``: the same without the input embedding (the MFU convention).
   * ``flops_per_token``: forward FLOPs per token, ``2 * active_params_no_embedding`` for the
     matmuls plus attention scores and values ``4 * layers * heads * head_dim * ctx`` with ``ctx``
@@ -69,6 +70,16 @@ def _block_counts(cfg: ModelConfig, layer: int, n_experts_kept: int, top_k: int)
     return total, active
 
 
+def _vision_params(cfg: ModelConfig) -> int:
+    """Parameters of the vision input embeddings and bitwise head (modality-specific, not backbone)."""
+    if not cfg.vision.enabled:
+        return 0
+    from ernie5.model.vision import VisionModule
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in VisionModule(cfg.vision, cfg.d_model).parameters())
+
+
 def count_params(cfg: ModelConfig, subnet: Subnet | None = None, seq_len: int | None = None) -> ParamReport:
     """Analytic counts for ``cfg`` under ``subnet`` (None = full model)."""
     subnet = subnet or Subnet.full(cfg)
@@ -78,7 +89,7 @@ def count_params(cfg: ModelConfig, subnet: Subnet | None = None, seq_len: int | 
     head = 0 if cfg.tie_embeddings else v * d
     # Each MTP depth: two input norms, the 2d -> d projection, a dense block, the output norm.
     mtp = cfg.mtp.n_depth * (3 * d + 2 * d * d + _attn_params(cfg) + _swiglu_params(d, cfg.d_ff))
-    total = emb + head + d + mtp  # + final norm
+    total = emb + head + d + mtp + _vision_params(cfg)  # + final norm
     active = emb + head + d
     routed = []
     for i in subnet.layers:

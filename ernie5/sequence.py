@@ -29,14 +29,45 @@ MODALITY_ID = {m: i for i, m in enumerate(MODALITIES)}
 
 
 @dataclass
+class VisionUnd:
+    """Inputs of one image or clip for the understanding path (embedded by the model)."""
+
+    pixels_CTHW: torch.Tensor
+    """Frames in [-1, 1]."""
+    cnn_CThw: torch.Tensor
+    """The tokenizer encoder's pre-quantisation features."""
+
+
+@dataclass
+class VisionGen:
+    """NFSP generation positions of one image or clip (embedded by the model)."""
+
+    inputs_PD: torch.Tensor
+    """Per position: the VAR input (downsampled sum of coarser scales); zeros at start positions."""
+    scale_P: torch.Tensor
+    start_P: torch.Tensor
+    """Positions that get the learned start embedding (first scale of the first frame)."""
+    targets_PD: torch.Tensor | None = None
+    """Bits to predict at each position, in {0, 1} (None at inference)."""
+    weights_P: torch.Tensor | None = None
+    """Per-position bit-loss weights (coarse scales up-weighted)."""
+
+
+@dataclass
 class Segment:
-    """A run of positions of one modality."""
+    """A run of positions of one modality: exactly one of ``token_ids``, ``embeds``, ``und``, ``gen``."""
 
     modality: str
     token_ids: torch.Tensor | None = None
     """``(n,)`` int64 text ids (or ``(n, Q)`` codes for audio, later)."""
     embeds: torch.Tensor | None = None
-    """``(n, D)`` continuous inputs (e.g. merged vision features); no loss on these positions."""
+    """``(n, D)`` precomputed continuous inputs; no loss on these positions."""
+    und: VisionUnd | None = None
+    """Vision understanding inputs; the model turns them into ``n`` merged embeddings."""
+    gen: VisionGen | None = None
+    """Vision generation positions (inputs and bit targets)."""
+    n_positions: int = 0
+    """Length of an ``und`` segment (the merger's group count)."""
     positions: torch.Tensor | None = None
     """``(3, n)`` relative (t, h, w); default ``t = h = w = 0..n-1``."""
     block_ids: torch.Tensor | None = None
@@ -48,18 +79,59 @@ class Segment:
     def __post_init__(self) -> None:
         if self.modality not in MODALITIES:
             raise ValueError(f"segment modality {self.modality!r} is not one of {MODALITIES}")
-        if (self.token_ids is None) == (self.embeds is None):
-            raise ValueError("a segment has exactly one of token_ids or embeds")
+        given = [x is not None for x in (self.token_ids, self.embeds, self.und, self.gen)]
+        if sum(given) != 1:
+            raise ValueError("a segment has exactly one of token_ids, embeds, und or gen")
+        if self.und is not None and self.n_positions < 1:
+            raise ValueError("an understanding segment needs n_positions >= 1")
+
+    @property
+    def kind(self) -> str:
+        """``ids`` | ``embeds`` | ``und`` | ``gen``."""
+        if self.token_ids is not None:
+            return "ids"
+        return "embeds" if self.embeds is not None else ("und" if self.und is not None else "gen")
 
     def __len__(self) -> int:
-        src = self.token_ids if self.token_ids is not None else self.embeds
-        return int(src.shape[0])
+        if self.token_ids is not None:
+            return int(self.token_ids.shape[0])
+        if self.embeds is not None:
+            return int(self.embeds.shape[0])
+        if self.gen is not None:
+            return int(self.gen.inputs_PD.shape[0])
+        return self.n_positions
 
 
 def text_segment(ids: list[int] | torch.Tensor, loss: bool = True, weight: float = 1.0) -> Segment:
     """A text segment; ``loss=False`` makes its tokens context only (e.g. a prompt)."""
     t = torch.as_tensor(ids, dtype=torch.long)
     return Segment("text", token_ids=t, loss_mask=torch.full((len(t),), loss), loss_weight=weight)
+
+
+@dataclass
+class VisionInputs:
+    """The vision parts of a packed batch, in row-major order of their masks."""
+
+    und_items: list[VisionUnd]
+    und_mask_BT: torch.Tensor | None
+    gen: VisionGen | None
+    gen_mask_BT: torch.Tensor | None
+
+    def to(self, device: torch.device | str) -> VisionInputs:
+        """Move every tensor to ``device``."""
+        und = [VisionUnd(u.pixels_CTHW.to(device), u.cnn_CThw.to(device)) for u in self.und_items]
+        gen = None
+        if self.gen is not None:
+            g = self.gen
+            gen = VisionGen(
+                g.inputs_PD.to(device),
+                g.scale_P.to(device),
+                g.start_P.to(device),
+                None if g.targets_PD is None else g.targets_PD.to(device),
+                None if g.weights_P is None else g.weights_P.to(device),
+            )
+        mask = [None if m is None else m.to(device) for m in (self.und_mask_BT, self.gen_mask_BT)]
+        return VisionInputs(und, mask[0], gen, mask[1])
 
 
 @dataclass
@@ -77,8 +149,10 @@ class Batch:
     """Next-token target per position, ``IGNORE`` where none."""
     loss_weights: torch.Tensor
     embeds: torch.Tensor | None = None
-    """``(M, D)`` continuous inputs, in row-major order of ``embed_mask``."""
+    """``(M, D)`` precomputed continuous inputs, in row-major order of ``embed_mask``."""
     embed_mask: torch.Tensor | None = None
+    vision: VisionInputs | None = None
+    """Understanding inputs and generation positions (None for text-only batches)."""
 
     def model_inputs(self) -> dict:
         """Keyword arguments of ``Ernie5Model.forward``."""
@@ -91,17 +165,25 @@ class Batch:
             "embed_mask_BT": self.embed_mask,
             "targets_BT": self.targets,
             "loss_weights_BT": self.loss_weights,
+            "vision": self.vision,
         }
 
     def to(self, device: torch.device | str) -> Batch:
         """Move every tensor to ``device``."""
-        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        kw = {
+            k: (v.to(device) if isinstance(v, torch.Tensor | VisionInputs) else v)
+            for k, v in self.__dict__.items()
+        }
         return Batch(**kw)
 
 
-def _flatten(doc: list[Segment]) -> dict[str, torch.Tensor]:
+_KIND = {"ids": 0, "embeds": 1, "und": 2, "gen": 3}
+
+
+def _flatten(doc: list[Segment]) -> dict:
     """Concatenate a document's segments with absolute positions and block ids."""
-    ids, pos, blk, mod, lmask, lw, emb, emask = [], [], [], [], [], [], [], []
+    ids, pos, blk, mod, lmask, lw, kind = [], [], [], [], [], [], []
+    emb, und, gen = [], [], []
     next_pos, next_blk = 0, 0
     for seg in doc:
         n = len(seg)
@@ -111,16 +193,17 @@ def _flatten(doc: list[Segment]) -> dict[str, torch.Tensor]:
         blk.append(b + next_blk)
         next_pos += int(p.max()) + 1 if n else 0
         next_blk += int(b.max()) + 1 if n else 0
-        if seg.token_ids is not None:
-            ids.append(seg.token_ids)
-            emask.append(torch.zeros(n, dtype=torch.bool))
-        else:
-            ids.append(torch.full((n,), PAD, dtype=torch.long))
-            emask.append(torch.ones(n, dtype=torch.bool))
+        k = seg.kind
+        ids.append(seg.token_ids if k == "ids" else torch.full((n,), PAD, dtype=torch.long))
+        kind.append(torch.full((n,), _KIND[k], dtype=torch.int8))
+        if k == "embeds":
             emb.append(seg.embeds)
+        elif k == "und":
+            und.append(seg.und)
+        elif k == "gen":
+            gen.append(seg.gen)
         mod.append(torch.full((n,), MODALITY_ID[seg.modality], dtype=torch.int8))
-        default = seg.token_ids is not None
-        lmask.append(seg.loss_mask if seg.loss_mask is not None else torch.full((n,), default))
+        lmask.append(seg.loss_mask if seg.loss_mask is not None else torch.full((n,), k == "ids"))
         lw.append(torch.full((n,), float(seg.loss_weight)))
     return {
         "ids": torch.cat(ids),
@@ -129,16 +212,33 @@ def _flatten(doc: list[Segment]) -> dict[str, torch.Tensor]:
         "mod": torch.cat(mod),
         "lmask": torch.cat(lmask),
         "lw": torch.cat(lw),
-        "emask": torch.cat(emask),
-        "emb": torch.cat(emb) if emb else None,
+        "kind": torch.cat(kind),
+        "emb": emb,
+        "und": und,
+        "gen": gen,
     }
 
 
-def pack(docs: list[list[Segment]], seq_len: int, n_rows: int | None = None) -> Batch:
-    """Pack documents into rows of ``seq_len`` (first fit in order; overlong documents are cut).
+def _cat_gen(items: list[VisionGen]) -> VisionGen:
+    has_t = all(g.targets_PD is not None for g in items)
+    return VisionGen(
+        torch.cat([g.inputs_PD for g in items]),
+        torch.cat([g.scale_P for g in items]),
+        torch.cat([g.start_P for g in items]),
+        torch.cat([g.targets_PD for g in items]) if has_t else None,
+        torch.cat([g.weights_P if g.weights_P is not None else torch.ones(len(g.scale_P)) for g in items])
+        if has_t
+        else None,
+    )
 
-    Targets: position ``i`` predicts the token at ``i + 1`` when both are in the same document,
-    the next position is a text token and its loss mask is set.
+
+def pack(docs: list[list[Segment]], seq_len: int, n_rows: int | None = None) -> Batch:
+    """Pack documents into rows of ``seq_len`` (first fit in order).
+
+    Text documents longer than ``seq_len`` are cut; a document with vision positions must fit whole.
+    Targets: position ``i`` predicts the token at ``i + 1`` when both are in the same document, the
+    next position is a text token and its loss mask is set. Vision generation positions carry bit
+    targets instead (``Batch.vision.gen``).
     """
     rows: list[list[dict]] = [[]]
     used = 0
@@ -148,9 +248,11 @@ def pack(docs: list[list[Segment]], seq_len: int, n_rows: int | None = None) -> 
         if n == 0:
             continue
         if n > seq_len:
-            flat = {k: (v[..., :seq_len] if v is not None and k != "emb" else v) for k, v in flat.items()}
-            if flat["emb"] is not None:
-                flat["emb"] = flat["emb"][: int(flat["emask"].sum())]
+            if bool((flat["kind"] != 0).any()):
+                raise ValueError(
+                    f"a document with {n} positions (vision included) does not fit seq_len={seq_len}"
+                )
+            flat = {k: (v[..., :seq_len] if isinstance(v, torch.Tensor) else v) for k, v in flat.items()}
             n = seq_len
         if used + n > seq_len:
             rows.append([])
@@ -170,9 +272,9 @@ def pack(docs: list[list[Segment]], seq_len: int, n_rows: int | None = None) -> 
         "mod": torch.zeros(b, seq_len, dtype=torch.int8),
         "tgt": torch.full((b, seq_len), IGNORE, dtype=torch.long),
         "lw": torch.zeros(b, seq_len),
-        "emask": torch.zeros(b, seq_len, dtype=torch.bool),
+        "kind": torch.zeros(b, seq_len, dtype=torch.int8),
     }
-    embeds = []
+    emb, und, gen = [], [], []
     for r, row in enumerate(rows):
         at = 0
         for d, flat in enumerate(row):
@@ -183,17 +285,26 @@ def pack(docs: list[list[Segment]], seq_len: int, n_rows: int | None = None) -> 
             out["doc"][r, sl] = d
             out["blk"][r, sl] = flat["blk"]
             out["mod"][r, sl] = flat["mod"]
-            out["emask"][r, sl] = flat["emask"]
-            is_target = flat["lmask"][1:] & ~flat["emask"][1:]
+            out["kind"][r, sl] = flat["kind"]
+            is_target = flat["lmask"][1:] & (flat["kind"][1:] == 0)
             tgt = torch.where(is_target, flat["ids"][1:], torch.full_like(flat["ids"][1:], IGNORE))
             out["tgt"][r, at : at + n - 1] = tgt
             out["lw"][r, at : at + n - 1] = flat["lw"][1:]
-            if flat["emb"] is not None:
-                embeds.append(flat["emb"])
+            emb += flat["emb"]
+            und += flat["und"]
+            gen += flat["gen"]
             at += n
         if at < seq_len:  # padding: its own document, one block per position, no loss
             out["blk"][r, at:] = torch.arange(at, seq_len)
-    has_emb = bool(out["emask"].any())
+    kind = out["kind"]
+    vision = None
+    if und or gen:
+        vision = VisionInputs(
+            und_items=und,
+            und_mask_BT=(kind == _KIND["und"]) if und else None,
+            gen=_cat_gen(gen) if gen else None,
+            gen_mask_BT=(kind == _KIND["gen"]) if gen else None,
+        )
     return Batch(
         input_ids=out["ids"],
         positions=out["pos"],
@@ -202,6 +313,7 @@ def pack(docs: list[list[Segment]], seq_len: int, n_rows: int | None = None) -> 
         modality=out["mod"],
         targets=out["tgt"],
         loss_weights=out["lw"],
-        embeds=torch.cat(embeds) if has_emb else None,
-        embed_mask=out["emask"] if has_emb else None,
+        embeds=torch.cat(emb) if emb else None,
+        embed_mask=(kind == _KIND["embeds"]) if emb else None,
+        vision=vision,
     )

@@ -104,6 +104,12 @@ class DataConfig:
     """Data root ('' = ``--data-dir`` or ``$ERNIE5_DATA_DIR``)."""
     tokenizer_chars: int = 2_000_000
     """Characters of training text the BPE tokenizer is trained on."""
+    vision_tokenizer: str = ""
+    """Folder of the frozen vision tokenizer (``ernie5 train-vision-tokenizer``); needed by media sources."""
+    cfg_dropout: float = 0.1
+    """Probability of dropping a generation prompt (trains the unconditional branch of guidance)."""
+    vision_flip_max: float = 0.1
+    """Bitwise self-correction: each micro-batch flips history bits with p ~ U(0, vision_flip_max)."""
 
     def __post_init__(self) -> None:
         _check(self.seq_len >= 8, f"seq_len={self.seq_len} must be >= 8")
@@ -112,6 +118,10 @@ class DataConfig:
         _check(all(w >= 0 for w in self.sources.values()), f"sources={self.sources} weights must be >= 0")
         _check(sum(self.sources.values()) > 0, f"sources={self.sources} needs a positive weight")
         _check(self.tokenizer_chars >= 1000, f"tokenizer_chars={self.tokenizer_chars} must be >= 1000")
+        _check(0 <= self.cfg_dropout <= 1, f"cfg_dropout={self.cfg_dropout} must be in [0, 1]")
+        _check(
+            0 <= self.vision_flip_max <= 0.5, f"vision_flip_max={self.vision_flip_max} must be in [0, 0.5]"
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,6 +159,8 @@ class TrainConfig:
     loss_balance: Literal["none", "posterior"] = "none"
     """``posterior``: rescale each modality's loss by the inverse EMA of its own value, so the
     modalities' losses sit on a comparable scale (our reading of the report's posterior weighting)."""
+    vision_gen_weight: float = 1.0
+    """Weight of the bitwise NFSP generation loss next to the text cross-entropy."""
     peak_flops: float = 0.0
     """Peak FLOP/s for the MFU estimate (0 = measure a bf16 matmul at start)."""
 

@@ -22,13 +22,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ernie5.data import procedural
 from ernie5.data import text as text_data
 from ernie5.data.root import DataMissing
-from ernie5.sequence import Batch, pack, text_segment
+from ernie5.sequence import Batch, Segment, pack, text_segment
 from ernie5.tokenizers.special import BOS, EOS
 from ernie5.tokenizers.text import TextTokenizer
+from ernie5.vision_docs import (
+    encode_media,
+    generation_segment,
+    media_markers,
+    to_pixels,
+    understanding_segment,
+)
 from train.config import DataConfig
+from train.vision_data import MediaDoc
 
 DocFn = Callable[[random.Random], str]
 
@@ -88,16 +98,25 @@ class OpenedSources:
     skipped: dict[str, str]
 
 
-def open_sources(cfg: DataConfig, data_dir: Path | None) -> OpenedSources:
-    """Open every configured source; a source with missing data is skipped with its reason."""
+def open_sources(cfg: DataConfig, data_dir: Path | None, image_size: int = 32) -> OpenedSources:
+    """Open every configured source; a source with missing data is skipped with its reason.
+
+    Text sources return strings; media sources (``train.vision_data.MEDIA_SOURCES``) return
+    :class:`~train.vision_data.MediaDoc` objects.
+    """
+    from train.vision_data import MEDIA_SOURCES, open_media_source
+
     names, weights, fns, skipped = [], [], [], {}
+    known = sorted([*SOURCES, *MEDIA_SOURCES])
     for name, w in cfg.sources.items():
-        if name not in SOURCES:
-            raise ValueError(f"data.sources: unknown source {name!r} (known: {', '.join(sorted(SOURCES))})")
+        if name not in SOURCES and name not in MEDIA_SOURCES:
+            raise ValueError(f"data.sources: unknown source {name!r} (known: {', '.join(known)})")
         if w <= 0:
             continue
         try:
-            fns.append(SOURCES[name](data_dir))
+            fns.append(
+                SOURCES[name](data_dir) if name in SOURCES else open_media_source(name, data_dir, image_size)
+            )
         except DataMissing as e:
             skipped[name] = str(e)
             continue
@@ -116,32 +135,124 @@ def tokenizer_corpus(sources: OpenedSources, n_chars: int, seed: int) -> list[st
     while total < n_chars:
         fn = rng.choices(sources.fns, weights=sources.weights)[0]
         d = fn(rng)
-        docs.append(d)
-        total += len(d)
+        text = d if isinstance(d, str) else f"{d.prompt}\n{d.text}"
+        docs.append(text)
+        total += len(text)
     return docs
 
 
-class TextStream:
-    """Deterministic packed batches for (step, global micro-batch index)."""
+class MixtureStream:
+    """Deterministic packed batches for (step, global micro-batch index), text and media mixed.
 
-    def __init__(self, cfg: DataConfig, sources: OpenedSources, tokenizer: TextTokenizer, seed: int) -> None:
+    Rows are filled with documents in the order they are drawn; a text document is cut to the room
+    left in its row, a media document never is (a row it does not fit is closed with padding and the
+    document starts the next row). Media go through the frozen vision tokenizer once per micro-batch.
+    """
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        sources: OpenedSources,
+        tokenizer: TextTokenizer,
+        seed: int,
+        vision_tokenizer=None,
+        vision_cfg=None,
+    ) -> None:
         self.cfg = cfg
         self.sources = sources
         self.tokenizer = tokenizer
         self.seed = seed
+        self.vision_tokenizer = vision_tokenizer
+        self.vision_cfg = vision_cfg
+
+    def _media_len(self, doc: MediaDoc, prompt_ids: list[int], text_ids: list[int]) -> int:
+        from ernie5.model.vision import und_layout
+
+        frames = doc.media.shape[0] if doc.clip else 1
+        if doc.kind == "gen":
+            return 1 + len(prompt_ids) + 1 + frames * self.vision_cfg.tokens_per_frame + 2
+        return 2 + und_layout(self.vision_cfg, frames)["positions"].shape[1] + 1 + len(text_ids) + 1
 
     def batch(self, step: int, index: int = 0) -> Batch:
         """Micro-batch ``index`` of optimizer step ``step`` (the index is global across processes)."""
         rng = random.Random(f"data/{self.seed}/{step}/{index}")
-        seq_len, rows = self.cfg.seq_len, self.cfg.batch_size
-        docs = []
-        for _ in range(rows):  # fill every row exactly to seq_len
-            room = seq_len
-            while room > 1:
-                fn = rng.choices(self.sources.fns, weights=self.sources.weights)[0]
-                ids = [BOS, *self.tokenizer.encode(fn(rng)), EOS][:room]
-                docs.append([text_segment(ids)])
+        seq_len, n_rows = self.cfg.seq_len, self.cfg.batch_size
+        rows: list[list] = [[]]
+        room = seq_len
+        while True:
+            fn = rng.choices(self.sources.fns, weights=self.sources.weights)[0]
+            doc = fn(rng)
+            if isinstance(doc, str):
+                ids = [BOS, *self.tokenizer.encode(doc), EOS][:room]
+                rows[-1].append(ids)
                 room -= len(ids)
-            if room == 1:  # a lone BOS as filler keeps every row exactly full
-                docs.append([text_segment([BOS])])
-        return pack(docs, seq_len, n_rows=rows)
+            else:
+                if self.vision_tokenizer is None:
+                    raise ValueError("media sources need data.vision_tokenizer and model.vision.enabled")
+                drop = doc.kind == "gen" and rng.random() < self.cfg.cfg_dropout
+                prompt_ids = [] if drop else self.tokenizer.encode(doc.prompt + "\n")
+                text_ids = self.tokenizer.encode(doc.text)
+                n = self._media_len(doc, prompt_ids, text_ids)
+                if n > seq_len:
+                    raise ValueError(
+                        f"a {doc.kind} media document needs {n} positions > data.seq_len={seq_len}"
+                    )
+                if n > room:
+                    if len(rows) == n_rows:
+                        break
+                    rows.append([])
+                    room = seq_len
+                rows[-1].append((doc, prompt_ids, text_ids))
+                room -= n
+            if room <= 1:
+                if room == 1:
+                    rows[-1].append([BOS])  # a lone BOS keeps the row exactly full
+                if len(rows) == n_rows:
+                    break
+                rows.append([])
+                room = seq_len
+        return pack(self._segments([d for row in rows for d in row], rng), seq_len, n_rows=n_rows)
+
+    def _segments(self, docs: list, rng: random.Random) -> list[list[Segment]]:
+        """Text id lists and media docs -> segment lists, encoding the media in batched tokenizer calls."""
+        media = [d[0] for d in docs if not isinstance(d, list)]
+        encoded = self._encode(media, rng) if media else {}
+        out = []
+        for d in docs:
+            if isinstance(d, list):
+                out.append([text_segment(d)])
+                continue
+            doc, prompt_ids, text_ids = d
+            seg = encoded[id(doc)]
+            frames = doc.media.shape[0] if doc.clip else 1
+            begin, end = media_markers(frames)
+            modality = "video" if frames > 1 else "image"
+            if doc.kind == "gen":
+                out.append([text_segment([BOS, *prompt_ids, begin]), seg, text_segment([end, EOS])])
+            else:
+                answer = Segment(modality, token_ids=torch.tensor([*text_ids, EOS]))
+                out.append([text_segment([BOS, begin]), seg, text_segment([end], loss=False), answer])
+        return out
+
+    def _encode(self, media: list[MediaDoc], rng: random.Random) -> dict[int, Segment]:
+        groups: dict[tuple, list[MediaDoc]] = {}
+        for doc in media:
+            frames = doc.media.shape[0] if doc.clip else 1
+            groups.setdefault((doc.kind, frames), []).append(doc)
+        out = {}
+        for (kind, _), docs in groups.items():
+            pixels = torch.cat([to_pixels(d.media, d.clip) for d in docs])
+            # Bitwise self-correction: one flip probability per group, from the batch's own generator.
+            flip = self.cfg.vision_flip_max * rng.random() if kind == "gen" else 0.0
+            gen = torch.Generator().manual_seed(rng.randrange(2**63))
+            enc = encode_media(
+                self.vision_tokenizer, pixels, codes=kind == "gen", flip_prob=flip, generator=gen
+            )
+            for i, doc in enumerate(docs):
+                if kind == "gen":
+                    bits = [b[i] for b in enc.bits]
+                    inputs = [b[i] for b in enc.input_bits]
+                    out[id(doc)] = generation_segment(self.vision_tokenizer, self.vision_cfg, bits, inputs)
+                else:
+                    out[id(doc)] = understanding_segment(self.vision_cfg, enc.pixels[i], enc.cnn[i])
+        return out

@@ -41,7 +41,7 @@ from ernie5.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, wri
 from ernie5.sequence import MODALITIES
 from ernie5.tokenizers.text import TextTokenizer
 from train.config import RunConfig
-from train.data import TextStream, open_sources, tokenizer_corpus
+from train.data import MixtureStream, open_sources, tokenizer_corpus
 from train.elastic import sample_subnet
 from train.precision import MixedPrecision
 from train.schedule import lr_at, staged
@@ -129,12 +129,15 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg = self.cfg
-        self.sources = open_sources(cfg.data, self.data_dir)
+        self.sources = open_sources(cfg.data, self.data_dir, cfg.model.vision.image_size)
         tok_path = self.run_dir / "tokenizer.json"
+        self.vision_tokenizer = None
         if self.resume_dir is not None:
             ckpt = load_checkpoint(self.resume_dir)
             self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
+            self.vision_tokenizer = ckpt.vision_tokenizer
         else:
+            self.vision_tokenizer = self._load_vision_tokenizer()
             if self.dist.main and not tok_path.exists():
                 corpus = tokenizer_corpus(self.sources, cfg.data.tokenizer_chars, cfg.train.seed)
                 tok = TextTokenizer.train(corpus, cfg.model.vocab_size)
@@ -157,7 +160,9 @@ class Trainer:
             _, state = load_train_state(self.resume_dir, optimizer=self.optimizer)
             self.start_step = int(state["step"])
             self.balance_ema = dict(state.get("balance_ema", {}))
-        self.stream = TextStream(cfg.data, self.sources, self.tokenizer, cfg.train.seed)
+        self.stream = MixtureStream(
+            cfg.data, self.sources, self.tokenizer, cfg.train.seed, self.vision_tokenizer, cfg.model.vision
+        )
         self.moe_layers = {i: b.ffn for i, b in enumerate(self.model.layers) if isinstance(b.ffn, MoE)}
         self.precision = MixedPrecision(self.model, cfg.train.dtype)
         self.peak = cfg.train.peak_flops or measure_peak_flops(
@@ -182,12 +187,40 @@ class Trainer:
             kept = [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step]
             rewrite_jsonl(metrics, kept)
 
+    def _load_vision_tokenizer(self):
+        """The frozen vision tokenizer named by ``data.vision_tokenizer`` (vision models only)."""
+        cfg = self.cfg
+        if not cfg.model.vision.enabled:
+            return None
+        if not cfg.data.vision_tokenizer:
+            raise RunError(
+                "model.vision.enabled needs data.vision_tokenizer "
+                "(a folder written by ernie5 train-vision-tokenizer)"
+            )
+        from ernie5.tokenizers.vision import VisionTokenizer, VisionTokenizerError
+
+        try:
+            tok = VisionTokenizer.load(cfg.data.vision_tokenizer)
+        except (VisionTokenizerError, OSError) as e:
+            raise RunError(f"data.vision_tokenizer: {str(e).splitlines()[0]}") from None
+        v, t = cfg.model.vision, tok.cfg
+        want = (v.image_size, v.latent_size, v.latent_bits, tuple(v.scales), v.cnn_channels)
+        got = (t.image_size, t.latent_size, t.latent_bits, tuple(t.scales), t.feature_channels)
+        if want != got:
+            raise RunError(
+                f"data.vision_tokenizer (image, latent, bits, scales, channels)={got} does not fit "
+                f"model.vision {want}"
+            )
+        return tok.eval().requires_grad_(False)
+
     def _barrier(self) -> None:
         self.dist.barrier()
 
     # ---------------------------------------------------------------- loop
     def _modality_weights(self) -> dict[str, float]:
-        w = {m: self.cfg.train.modality_loss_weights.get(m, 1.0) for m in MODALITIES}
+        """Per-modality loss weights (text/image/video/audio cross-entropy and ``vision_gen``, the
+        bitwise generation loss): static weights, times the posterior balance when enabled."""
+        w = {m: self.cfg.train.modality_loss_weights.get(m, 1.0) for m in (*MODALITIES, "vision_gen")}
         if self.cfg.train.loss_balance == "posterior" and self.balance_ema:
             ref = sum(self.balance_ema.values()) / len(self.balance_ema)
             for m, ema in self.balance_ema.items():
@@ -214,6 +247,8 @@ class Trainer:
             total = total + mtp_w * mtp
         if out.aux_loss is not None:
             total = total + out.aux_loss
+        if out.vision_loss is not None:
+            total = total + cfg.train.vision_gen_weight * weights.get("vision_gen", 1.0) * out.vision_loss
         (total / cfg.train.grad_accum).backward()
         self.precision.accumulate_grads()
         with torch.no_grad():
@@ -233,6 +268,7 @@ class Trainer:
             "total": float(total.detach()),
             "mtp": float(mtp.detach()) if mtp is not None else None,
             "aux": float(out.aux_loss.detach()) if out.aux_loss is not None else None,
+            "vision_gen": float(out.vision_loss.detach()) if out.vision_loss is not None else None,
             "per_mod": per_mod,
             "dims": dims,
             "counts": counts,
@@ -303,6 +339,7 @@ class Trainer:
             tokenizer=self.tokenizer,
             meta={**provenance(self.cfg.train.seed), "step": step, "subnet": None, "run": str(self.run_dir)},
             train_state=(self.optimizer, tensors, state),
+            vision_tokenizer=self.vision_tokenizer,
         )
         for old in checkpoint_dirs(self.run_dir)[: -self.cfg.train.keep_ckpts]:
             shutil.rmtree(old, ignore_errors=True)
@@ -357,7 +394,10 @@ class Trainer:
 
     def _update_balance(self, micros: list[dict]) -> None:
         for m in micros:
-            for mod, v in m["per_mod"].items():
+            items = dict(m["per_mod"])
+            if m["vision_gen"] is not None:
+                items["vision_gen"] = m["vision_gen"]
+            for mod, v in items.items():
                 old = self.balance_ema.get(mod)
                 self.balance_ema[mod] = v if old is None else 0.98 * old + 0.02 * v
 
@@ -382,6 +422,9 @@ class Trainer:
         auxs = [m["aux"] for m in micros if m["aux"] is not None]
         if auxs:
             rec["loss_aux"] = sum(auxs) / len(auxs)
+        gens = [m["vision_gen"] for m in micros if m["vision_gen"] is not None]
+        if gens:
+            rec["loss_vision_gen"] = sum(gens) / len(gens)
         for mod in MODALITIES:
             vals = [m["per_mod"][mod] for m in micros if mod in m["per_mod"]]
             if vals:

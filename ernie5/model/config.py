@@ -66,6 +66,68 @@ class MTPConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class VisionConfig:
+    """Image and video in the backbone: dual-path understanding inputs and bitwise NFSP generation."""
+
+    enabled: bool = False
+    """Build the vision input embeddings and the bitwise head."""
+    image_size: int = 32
+    """Pixels per side of a frame."""
+    latent_size: int = 8
+    """Latent grid per side (the tokenizer's h = w)."""
+    latent_bits: int = 10
+    """Bits per visual token (the tokenizer's code dims D)."""
+    scales: tuple[int, ...] = (1, 2, 4, 8)
+    """Multi-scale schedule (side of each scale's grid; the last equals ``latent_size``)."""
+    cnn_channels: int = 64
+    """Channels of the tokenizer's pre-quantisation feature map (the CNN path)."""
+    vit_dim: int = 64
+    """Width of the small ViT (the semantic path) and of the patch merger."""
+    vit_layers: int = 2
+    """ViT encoder layers."""
+    vit_heads: int = 4
+    """ViT attention heads (also the patch merger's)."""
+    merge: int = 2
+    """Adjacent latent patches merged per side (2 x 2 for images)."""
+    merge_frames: int = 4
+    """Adjacent frames merged for video understanding (2 x 2 x 4)."""
+    max_frames: int = 16
+    """Longest clip."""
+
+    def __post_init__(self) -> None:
+        _check(
+            self.image_size % self.latent_size == 0,
+            f"image_size={self.image_size} must be a multiple of latent_size={self.latent_size}",
+        )
+        _check(self.latent_bits >= 1, f"latent_bits={self.latent_bits} must be >= 1")
+        _check(
+            len(self.scales) >= 1
+            and list(self.scales) == sorted(self.scales)
+            and self.scales[-1] == self.latent_size,
+            f"scales={list(self.scales)} must be increasing and end at latent_size={self.latent_size}",
+        )
+        _check(
+            self.latent_size % self.merge == 0,
+            f"merge={self.merge} must divide latent_size={self.latent_size}",
+        )
+        _check(
+            self.vit_dim % self.vit_heads == 0,
+            f"vit_heads={self.vit_heads} must divide vit_dim={self.vit_dim}",
+        )
+        _check(self.merge_frames >= 1 and self.max_frames >= 1, "merge_frames and max_frames must be >= 1")
+
+    @property
+    def patch(self) -> int:
+        """Pixels per side of one latent cell (the ViT patch size, so both paths share the grid)."""
+        return self.image_size // self.latent_size
+
+    @property
+    def tokens_per_frame(self) -> int:
+        """Generation positions per frame: the sum of the scales' grid areas."""
+        return sum(n * n for n in self.scales)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     """The unified decoder-only backbone."""
 
@@ -105,6 +167,8 @@ class ModelConfig:
     """Mixture-of-experts settings."""
     mtp: MTPConfig = field(default_factory=MTPConfig)
     """Multi-token prediction settings."""
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    """Image/video inputs and outputs (off unless ``vision.enabled``)."""
 
     def __post_init__(self) -> None:
         _check(self.vocab_size >= 16, f"vocab_size={self.vocab_size} must be >= 16")

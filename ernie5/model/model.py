@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +31,14 @@ from torch import nn
 from ernie5.model.attention import Attention
 from ernie5.model.config import ModelConfig
 from ernie5.model.elastic import Subnet
+
+if TYPE_CHECKING:
+    from ernie5.sequence import VisionInputs
 from ernie5.model.kv_cache import KVCache
 from ernie5.model.mask import AttnMask, build_mask
 from ernie5.model.moe import MoE, RouterOutput, SwiGLU
 from ernie5.model.rope import inv_frequencies, rope_cos_sin, text_positions
+from ernie5.model.vision import VisionModule
 
 IGNORE = -100
 """Target value of positions without a loss."""
@@ -56,6 +61,10 @@ class ModelOutput:
     """Sum of the MoE balance and z losses over layers (already scaled by their coefficients)."""
     routing: dict[int, RouterOutput] = field(default_factory=dict)
     """Per kept MoE layer: routing decisions and tokens per expert."""
+    vision_loss: torch.Tensor | None = None
+    """Weighted bitwise BCE of the NFSP generation positions (when they carry targets)."""
+    bit_logits_PD: torch.Tensor | None = None
+    """Bit logits of every NFSP generation position, in row-major order."""
 
 
 @dataclass
@@ -125,18 +134,22 @@ class Ernie5Model(nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         self.mtp = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.mtp.n_depth))
+        self.vision = VisionModule(cfg.vision, cfg.d_model) if cfg.vision.enabled else None
         self.register_buffer("inv_freq", inv_frequencies(cfg.dim_head, cfg.rope_theta), persistent=False)
         if not any(p.is_meta for p in self.parameters()):
             self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) for linears and embeddings; output projections scaled by 1/sqrt(2L)."""
+        """Normal(0, init_std) for weights and embeddings (residual output projections scaled by
+        1/sqrt(2L)); norm weights 1; biases 0."""
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
-            if p.dim() == 1:
-                nn.init.ones_(p)  # RMSNorm weights
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 1 and "norm" in name:
+                nn.init.ones_(p)  # RMSNorm / LayerNorm weights
             elif name.endswith(("wo.weight", "w2.weight", "ffn.w2")):
                 nn.init.normal_(p, std=out_std)
             else:
@@ -177,11 +190,28 @@ class Ernie5Model(nn.Module):
         input_ids_BT: torch.Tensor,
         input_embeds_MD: torch.Tensor | None = None,
         embed_mask_BT: torch.Tensor | None = None,
+        vision: VisionInputs | None = None,
     ) -> torch.Tensor:
-        """Text embeddings, with continuous inputs (e.g. vision features) placed where ``embed_mask``."""
+        """Text embeddings, with continuous inputs placed where their masks say: precomputed
+        embeddings, merged vision-understanding features, and NFSP generation inputs."""
         x_BTD = self.tok_emb(input_ids_BT.clamp_min(0))
         if input_embeds_MD is not None:
             x_BTD = x_BTD.masked_scatter(embed_mask_BT[..., None], input_embeds_MD.to(x_BTD.dtype))
+        if vision is not None:
+            if self.vision is None:
+                raise ValueError("this model has no vision module (model.vision.enabled is false)")
+            if vision.und_items:
+                und = torch.cat(
+                    [
+                        self.vision.understanding_embeds(u.pixels_CTHW[None], u.cnn_CThw[None])
+                        for u in vision.und_items
+                    ]
+                )
+                x_BTD = x_BTD.masked_scatter(vision.und_mask_BT[..., None], und.to(x_BTD.dtype))
+            if vision.gen is not None:
+                g = vision.gen
+                gen = self.vision.generation_embeds(g.inputs_PD, g.scale_P, g.start_P)
+                x_BTD = x_BTD.masked_scatter(vision.gen_mask_BT[..., None], gen.to(x_BTD.dtype))
         return x_BTD
 
     # ------------------------------------------------------------------ forward
@@ -201,6 +231,7 @@ class Ernie5Model(nn.Module):
         mtp_cache: KVCache | None = None,
         return_logits: bool = True,
         dispatch: str | None = None,
+        vision: VisionInputs | None = None,
     ) -> ModelOutput:
         """Run the (sub-)model on a packed batch.
 
@@ -217,6 +248,8 @@ class Ernie5Model(nn.Module):
             mtp_cache: KV cache of the MTP blocks (speculative decoding only).
             return_logits: also return the text logits of every position.
             dispatch: MoE expert path override (``loop`` for the naive reference).
+            vision: vision-understanding inputs and NFSP generation positions (with bit targets in
+                training); their bit logits and loss come back in the output.
         """
         b, t = input_ids_BT.shape
         device = input_ids_BT.device
@@ -230,7 +263,7 @@ class Ernie5Model(nn.Module):
         subnet = subnet or Subnet.full(self.cfg)
         ctx = self._context(positions_3BT, doc_ids_BT, block_ids_BT, cache)
 
-        x_BTD = self.embed(input_ids_BT, input_embeds_MD, embed_mask_BT)
+        x_BTD = self.embed(input_ids_BT, input_embeds_MD, embed_mask_BT, vision)
         routing: dict[int, RouterOutput] = {}
         aux = []
         n_exp = self.cfg.moe.n_experts
@@ -250,6 +283,16 @@ class Ernie5Model(nn.Module):
         if targets_BT is not None:
             out.loss, out.nll_BT = _weighted_nll(out.logits_BTV, targets_BT, loss_weights_BT)
             out.mtp_losses = self._mtp_losses(x_BTD, input_ids_BT, targets_BT, ctx, loss_weights_BT)
+        if vision is not None and vision.gen is not None:
+            h_PD = self.norm(x_BTD[vision.gen_mask_BT])
+            out.bit_logits_PD = self.vision.head(h_PD).float()
+            g = vision.gen
+            if g.targets_PD is not None:
+                bce = F.binary_cross_entropy_with_logits(
+                    out.bit_logits_PD, g.targets_PD.float(), reduction="none"
+                )
+                w = g.weights_P if g.weights_P is not None else torch.ones_like(bce[:, 0])
+                out.vision_loss = (bce.mean(dim=-1) * w).sum() / w.sum().clamp_min(1e-6)
         return out
 
     def _mtp_losses(self, h_BTD, input_ids_BT, targets_BT, ctx, loss_weights_BT) -> list[torch.Tensor]:

@@ -86,11 +86,11 @@ def test_refuses_to_overwrite_and_checks_config_on_resume(straight_run, tmp_path
 
 def test_data_stream_is_a_pure_function_of_the_step(straight_run):
     from ernie5.tokenizers.text import TextTokenizer
-    from train.data import TextStream, open_sources
+    from train.data import MixtureStream, open_sources
 
     cfg = _cfg()
     tok = TextTokenizer.load(straight_run / "tokenizer.json")
-    stream = TextStream(cfg.data, open_sources(cfg.data, None), tok, seed=0)
+    stream = MixtureStream(cfg.data, open_sources(cfg.data, None), tok, seed=0)
     a, b = stream.batch(5, 0), stream.batch(5, 0)
     assert (a.input_ids == b.input_ids).all() and (a.targets == b.targets).all()
     assert not (stream.batch(5, 1).input_ids == a.input_ids).all()  # another micro-batch / process
