@@ -232,8 +232,10 @@ def _cat_gen(items: list[VisionGen]) -> VisionGen:
     )
 
 
-def pack(docs: list[list[Segment]], seq_len: int, n_rows: int | None = None) -> Batch:
-    """Pack documents into rows of ``seq_len`` (first fit in order).
+def pack(
+    docs: list[list[Segment]], seq_len: int, n_rows: int | None = None, one_per_row: bool = False
+) -> Batch:
+    """Pack documents into rows of ``seq_len`` (first fit in order; ``one_per_row``: row i = doc i).
 
     Text documents longer than ``seq_len`` are cut; a document with vision positions must fit whole.
     Targets: position ``i`` predicts the token at ``i + 1`` when both are in the same document, the
@@ -254,7 +256,7 @@ def pack(docs: list[list[Segment]], seq_len: int, n_rows: int | None = None) -> 
                 )
             flat = {k: (v[..., :seq_len] if isinstance(v, torch.Tensor) else v) for k, v in flat.items()}
             n = seq_len
-        if used + n > seq_len:
+        if used + n > seq_len or (one_per_row and rows[-1]):
             rows.append([])
             used = 0
         rows[-1].append(flat)

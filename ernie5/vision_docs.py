@@ -149,6 +149,11 @@ def generation_segment(
     )
 
 
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a generation prompt as training and evaluation both lay it out (a newline ends it)."""
+    return tokenizer.encode(prompt + "\n")
+
+
 def media_markers(n_frames: int) -> tuple[int, int]:
     """(begin, end) special tokens of an image (BOI/EOI) or a clip (BOV/EOV)."""
     return (BOV, EOV) if n_frames > 1 else (BOI, EOI)

@@ -22,20 +22,34 @@ import hashlib
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ernie5.checkpoint import Checkpoint, checkpoint_hash
 from ernie5.generate import generate
+from ernie5.generate_vision import generate_media
 from ernie5.model.elastic import Subnet
 from ernie5.model.model import ModelOutput
+from ernie5.sequence import pack, text_segment
 from ernie5.tokenizers.special import BOS, PAD
+from ernie5.vision_docs import (
+    encode_media,
+    media_markers,
+    prompt_ids,
+    to_pixels,
+    to_uint8,
+    understanding_segment,
+)
 from evals.api import (
     Context,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    MediaGenerationRequest,
     MediaPart,
+    MediaResult,
+    ReconstructionRequest,
     RollingRequest,
     RollingResult,
 )
@@ -144,6 +158,20 @@ class Ernie5EvalModel:
     # ---------------------------------------------------------------- EvalModel
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
         """log P(continuation | context) per request (see module docstring for tokenisation)."""
+        media = [i for i, r in enumerate(requests) if _has_media(r.context)]
+        if media:
+            out: list[LoglikelihoodResult | None] = [None] * len(requests)
+            text_idx = [i for i in range(len(requests)) if i not in set(media)]
+            text_res = self.loglikelihood([requests[i] for i in text_idx]) if text_idx else []
+            text_stats = self.last_stats
+            media_res = self._media_loglikelihood([requests[i] for i in media])
+            stats = [(0.0, 0, 0)] * len(requests)
+            for i, r, st in zip(text_idx, text_res, text_stats):
+                out[i], stats[i] = r, st
+            for i, r, st in zip(media, media_res, self.last_stats):
+                out[i], stats[i] = r, st
+            self.last_stats = stats
+            return out  # type: ignore[return-value]
         seqs = []
         for r in requests:
             ctx_text = self._text(r.context)
@@ -215,6 +243,127 @@ class Ernie5EvalModel:
         self.last_stats = stats
         return out  # type: ignore[return-value]
 
+    # ---------------------------------------------------------------- multimodal
+    def _require_vision(self):
+        if self.ckpt.vision_tokenizer is None or self.model.vision is None:
+            raise EvalInputError(
+                f"{self.ckpt.path}: not a vision checkpoint (no vision tokenizer or vision module)"
+            )
+        return self.ckpt.vision_tokenizer
+
+    def _media_segments(self, part: MediaPart) -> list:
+        vt = self._require_vision()
+        clip = part.modality == "video"
+        if part.modality not in ("image", "video"):
+            raise EvalInputError(f"this checkpoint cannot read {part.modality} inputs")
+        pixels = to_pixels(np.asarray(part.data), clip)
+        enc = encode_media(vt, pixels, codes=False)
+        begin, end = media_markers(pixels.shape[2] if clip else 1)
+        und = understanding_segment(self.ckpt.cfg.vision, enc.pixels[0], enc.cnn[0])
+        return [text_segment([begin]), und, text_segment([end])]
+
+    def _media_loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
+        """Continuation log-probabilities after contexts holding images or clips."""
+        docs, n_cont = [], []
+        encoded: dict[int, list] = {}  # the choices of one question share one image: encode it once
+        for r in requests:
+            parts = list(r.context)
+            last = parts[-1] if parts and isinstance(parts[-1], str) else ""
+            if last:
+                parts = parts[:-1]
+            segs = [text_segment([BOS])]
+            for p in parts:
+                if isinstance(p, MediaPart):
+                    if id(p.data) not in encoded:
+                        encoded[id(p.data)] = self._media_segments(p)
+                    segs += encoded[id(p.data)]
+                else:
+                    segs.append(text_segment(self.tokenizer.encode(p)))
+            ctx = self.tokenizer.encode(last)
+            whole = self.tokenizer.encode(last + r.continuation)
+            cont = whole[len(ctx) :] if whole[: len(ctx)] == ctx else self.tokenizer.encode(r.continuation)
+            segs.append(text_segment([*ctx, *cont]))
+            docs.append(segs)
+            n_cont.append(len(cont))
+        results: list[LoglikelihoodResult] = []
+        stats: list[tuple[float, int, int]] = []
+        for start in range(0, len(docs), self.batch_size):
+            chunk = docs[start : start + self.batch_size]
+            t0 = time.perf_counter()
+            lengths = [sum(len(s) for s in d) for d in chunk]
+            if max(lengths) > self.max_len:
+                raise EvalInputError(
+                    f"a media context of {max(lengths)} positions exceeds max_seq_len={self.max_len}"
+                )
+            batch = pack(chunk, max(lengths), n_rows=len(chunk), one_per_row=True)
+            t = time.perf_counter()
+            with torch.inference_mode():
+                out = self.model(
+                    batch.input_ids,
+                    positions_3BT=batch.positions,
+                    doc_ids_BT=batch.doc_ids,
+                    block_ids_BT=batch.block_ids,
+                    vision=batch.vision,
+                    subnet=self.subnet,
+                )
+            self.model_seconds += time.perf_counter() - t
+            self._record(out, batch.doc_ids >= 0)
+            logprobs = out.logits_BTV.float().log_softmax(-1)
+            dt = (time.perf_counter() - t0) / len(chunk)
+            for row, (length, n) in enumerate(zip(lengths, n_cont[start : start + len(chunk)])):
+                tgt = batch.input_ids[row, length - n : length]
+                lp = logprobs[row, length - n - 1 : length - 1]
+                greedy = bool((lp.argmax(-1) == tgt).all()) if n else True
+                results.append(LoglikelihoodResult(float(lp.gather(-1, tgt[:, None]).sum()), greedy, n))
+                stats.append((dt, length - n, n))
+        self.last_stats = stats
+        return results
+
+    def generate_media(self, requests: list[MediaGenerationRequest]) -> list[MediaResult]:
+        """Images or clips for text prompts (NFSP with guidance), batched by settings."""
+        vt = self._require_vision()
+        out: list[MediaResult | None] = [None] * len(requests)
+        stats = [(0.0, 0, 0)] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.n_frames, r.cfg_scale, r.temperature, r.seed), []).append(i)
+        per_frame = self.ckpt.cfg.vision.tokens_per_frame
+        for (frames, cfg_scale, temperature, seed), idx in groups.items():
+            for start in range(0, len(idx), self.batch_size):
+                part = idx[start : start + self.batch_size]
+                prompts = [[BOS, *prompt_ids(self.tokenizer, requests[i].prompt)] for i in part]
+                t = time.perf_counter()
+                media = generate_media(
+                    self.model,
+                    vt,
+                    prompts,
+                    frames,
+                    cfg_scale=cfg_scale,
+                    temperature=temperature,
+                    seed=seed,
+                    subnet=self.subnet,
+                )
+                dt = time.perf_counter() - t
+                self.model_seconds += dt
+                for row, i in enumerate(part):
+                    out[i] = MediaResult(media[row], frames * per_frame)
+                    stats[i] = (dt / len(part), len(prompts[row]), frames * per_frame)
+        self.last_stats = stats
+        return out  # type: ignore[return-value]
+
+    def reconstruct(self, requests: list[ReconstructionRequest]) -> list[MediaResult]:
+        """Vision-tokenizer round trips (encode to bits at full depth, decode)."""
+        vt = self._require_vision()
+        out = []
+        for r in requests:
+            clip = r.media.modality == "video"
+            pixels = to_pixels(np.asarray(r.media.data), clip)
+            with torch.inference_mode():
+                rec = vt.decode(vt.encode(pixels).f_hat)
+            out.append(MediaResult(to_uint8(rec)[0]))
+        self.last_stats = [(0.0, 0, 0)] * len(requests)
+        return out
+
     def _generate_batch(self, prompts, max_new, temperature, seed, stops) -> list[list[int]]:
         decode = self.tokenizer.decode
 
@@ -238,6 +387,10 @@ class Ernie5EvalModel:
         )
         self.model_seconds += time.perf_counter() - t
         return new
+
+
+def _has_media(context: Context) -> bool:
+    return not isinstance(context, str) and any(isinstance(p, MediaPart) for p in context)
 
 
 def _cut(text: str, stops: tuple[str, ...]) -> str:

@@ -11,6 +11,9 @@ adapter turns into segments of the unified sequence. The contracts follow lm-eva
   fits, in windows when the document is longer than the model's context.
 * ``generate``: a continuation of the context, greedy unless ``temperature > 0``, cut at the first
   stop string (the stop string itself is not returned) or after ``max_new_tokens`` tokens.
+* ``generate_media`` (optional): an image or clip for a text prompt; ``reconstruct`` (optional): a
+  vision-tokenizer round trip; ``refine`` (optional): the cascaded refiner's 2x upsampling. All
+  three answer with :class:`MediaResult`.
 """
 
 from __future__ import annotations
@@ -59,7 +62,44 @@ class GenerationRequest:
     seed: int = 0
 
 
-Request = LoglikelihoodRequest | RollingRequest | GenerationRequest
+@dataclass(frozen=True)
+class MediaGenerationRequest:
+    """Generate an image (``n_frames = 1``) or a clip from a text prompt (Next-Frame-and-Scale)."""
+
+    prompt: str
+    n_frames: int = 1
+    cfg_scale: float = 3.0
+    """Classifier-free guidance scale (1 = no guidance)."""
+    temperature: float = 1.0
+    """Bit sampling temperature (0 = the sign of each bit logit)."""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ReconstructionRequest:
+    """Round-trip media through the model's vision tokenizer (encode to bits, decode)."""
+
+    media: MediaPart
+
+
+@dataclass(frozen=True)
+class RefineRequest:
+    """Upsample a low-resolution image or clip with the model's cascaded refiner."""
+
+    media: MediaPart
+    steps: int = 0
+    """Sampling steps (0 = the refiner's default)."""
+    seed: int = 0
+
+
+Request = (
+    LoglikelihoodRequest
+    | RollingRequest
+    | GenerationRequest
+    | MediaGenerationRequest
+    | ReconstructionRequest
+    | RefineRequest
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +127,16 @@ class GenerationResult:
     n_tokens: int
 
 
-Response = LoglikelihoodResult | RollingResult | GenerationResult
+@dataclass(frozen=True)
+class MediaResult:
+    """Answer to a media request: uint8 ``(T, H, W, 3)`` frames (T = 1 for an image)."""
+
+    media: Any = field(hash=False, compare=False)
+    n_tokens: int = 0
+    """Generated visual tokens (0 for reconstruction and refinement)."""
+
+
+Response = LoglikelihoodResult | RollingResult | GenerationResult | MediaResult
 
 
 @runtime_checkable
@@ -110,3 +159,12 @@ class EvalModel(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """One result per request, in order."""
         ...
+
+
+MEDIA_METHODS = {
+    MediaGenerationRequest: "generate_media",
+    ReconstructionRequest: "reconstruct",
+    RefineRequest: "refine",
+}
+"""Optional EvalModel methods for media requests (``generate_media``, ``reconstruct``, ``refine``):
+a model without one answers tasks that need it with a clear error, recorded as an error unit."""

@@ -13,6 +13,7 @@ Each process opens its own connection.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -28,15 +29,61 @@ from evals.api import (
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    MediaGenerationRequest,
     MediaPart,
+    MediaResult,
+    ReconstructionRequest,
+    RefineRequest,
     Request,
     Response,
     RollingRequest,
     RollingResult,
 )
 
-_KINDS = {LoglikelihoodRequest: "loglikelihood", RollingRequest: "rolling", GenerationRequest: "generate"}
-_RESULTS = {"loglikelihood": LoglikelihoodResult, "rolling": RollingResult, "generate": GenerationResult}
+_KINDS = {
+    LoglikelihoodRequest: "loglikelihood",
+    RollingRequest: "rolling",
+    GenerationRequest: "generate",
+    MediaGenerationRequest: "generate_media",
+    ReconstructionRequest: "reconstruct",
+    RefineRequest: "refine",
+}
+_RESULTS = {
+    "loglikelihood": LoglikelihoodResult,
+    "rolling": RollingResult,
+    "generate": GenerationResult,
+    "generate_media": MediaResult,
+    "reconstruct": MediaResult,
+    "refine": MediaResult,
+}
+
+
+def _encode_response(resp: Response) -> str:
+    """JSON of a response; media arrays travel as base64 raw bytes with dtype and shape."""
+    if isinstance(resp, MediaResult):
+        arr = np.ascontiguousarray(resp.media)
+        return json.dumps(
+            {
+                "media": {
+                    "b64": base64.b64encode(arr.tobytes()).decode("ascii"),
+                    "dtype": str(arr.dtype),
+                    "shape": list(arr.shape),
+                },
+                "n_tokens": resp.n_tokens,
+            }
+        )
+    return json.dumps(dataclasses.asdict(resp))
+
+
+def _decode_response(kind: str, text: str) -> Response:
+    obj = json.loads(text)
+    if kind in ("generate_media", "reconstruct", "refine"):
+        m = obj["media"]
+        arr = np.frombuffer(base64.b64decode(m["b64"]), dtype=m["dtype"]).reshape(m["shape"]).copy()
+        return MediaResult(arr, obj.get("n_tokens", 0))
+    return _RESULTS[kind](**obj)
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     key TEXT PRIMARY KEY,
@@ -113,14 +160,14 @@ class ResponseCache:
                 ).fetchall()
             )
             for key, kind, resp, lat, n_in, n_out in rows:
-                out[key] = (_RESULTS[kind](**json.loads(resp)), lat, n_in, n_out)
+                out[key] = (_decode_response(kind, resp), lat, n_in, n_out)
         return out
 
     def put_many(self, rows: list[tuple[str, str, Request, Response, float, int, int]]) -> None:
         """Store ``(key, model_fingerprint, request, response, latency_s, n_in, n_out)`` rows atomically."""
         now = time.time()
         values = [
-            (key, model, request_kind(req), json.dumps(dataclasses.asdict(resp)), lat, n_in, n_out, now)
+            (key, model, request_kind(req), _encode_response(resp), lat, n_in, n_out, now)
             for key, model, req, resp, lat, n_in, n_out in rows
         ]
 
@@ -158,6 +205,8 @@ class CachedModel:
         return self.model.fingerprint
 
     def _call(self, requests: list[Request], method: str) -> list[Response]:
+        if not hasattr(self.model, method):
+            raise AttributeError(f"the model has no {method}() (e.g. no vision tokenizer or no refiner)")
         if self.cache is None:
             self.misses += len(requests)
             return getattr(self.model, method)(requests)
@@ -188,3 +237,12 @@ class CachedModel:
 
     def generate(self, requests):  # noqa: D102
         return self._call(requests, "generate")
+
+    def generate_media(self, requests):  # noqa: D102
+        return self._call(requests, "generate_media")
+
+    def reconstruct(self, requests):  # noqa: D102
+        return self._call(requests, "reconstruct")
+
+    def refine(self, requests):  # noqa: D102
+        return self._call(requests, "refine")

@@ -38,6 +38,14 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "ssim": True,
     "psnr_gain": True,
     "ssim_gain": True,
+    "all_correct": True,
+    "shape_acc": True,
+    "colour_acc": True,
+    "position_acc": True,
+    "judge_acc": True,
+    "frame_acc": True,
+    "direction_acc": True,
+    "motion_consistency": True,
 }
 """Direction of every metric a task may emit; ``compare`` and ``report`` read it."""
 

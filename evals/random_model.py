@@ -9,6 +9,8 @@ batching, order or process. It treats each character as one token:
 * ``generate``: 1 to 8 characters drawn from ``vocab`` (digits, letters, a space), cut at the first
   stop string and at ``max_new_tokens``.
 
+* ``generate_media`` / ``reconstruct``: uniform noise frames; ``refine``: nearest-neighbour 2x.
+
 It exercises the whole task pipeline in tests and gives the chance baseline in reports.
 """
 
@@ -18,13 +20,19 @@ import hashlib
 import random
 import string
 
+import numpy as np
+
 from evals.api import (
     Context,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    MediaGenerationRequest,
     MediaPart,
+    MediaResult,
+    ReconstructionRequest,
+    RefineRequest,
     RollingRequest,
     RollingResult,
 )
@@ -87,3 +95,33 @@ class RandomModel:
                     text = text[: text.index(stop)]
             out.append(GenerationResult(text, len(text)))
         return out
+
+    def _noise(self, key: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        seed = int.from_bytes(hashlib.sha256(str(self.seed).encode() + key).digest()[:8], "big")
+        return np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8)
+
+    def generate_media(self, requests: list[MediaGenerationRequest]) -> list[MediaResult]:
+        """Uniform noise frames of the default 32 px size, a function of the request."""
+        out = []
+        for r in requests:
+            key = f"media:{r.prompt}:{r.n_frames}:{r.cfg_scale}:{r.temperature}:{r.seed}".encode()
+            out.append(MediaResult(self._noise(key, (r.n_frames, 32, 32, 3)), r.n_frames * 85))
+        return out
+
+    def reconstruct(self, requests: list[ReconstructionRequest]) -> list[MediaResult]:
+        """Noise of the input's shape (a tokenizer that learned nothing)."""
+        out = []
+        for r in requests:
+            frames = _frames(r.media)
+            out.append(MediaResult(self._noise(_context_digest((r.media,)), frames.shape)))
+        return out
+
+    def refine(self, requests: list[RefineRequest]) -> list[MediaResult]:
+        """Nearest-neighbour 2x upsampling (no detail added)."""
+        return [MediaResult(_frames(r.media).repeat(2, axis=1).repeat(2, axis=2)) for r in requests]
+
+
+def _frames(media: MediaPart) -> np.ndarray:
+    """uint8 ``(T, H, W, 3)`` of an image or clip part."""
+    data = np.asarray(media.data)
+    return data[None] if media.modality == "image" else data

@@ -32,8 +32,8 @@ from ernie5.data.root import resolve_data_dir
 from ernie5.distributed import init_dist
 from ernie5.model.elastic import Subnet, SubnetError
 from ernie5.runs import append_jsonl, provenance, write_json
-from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
-from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest
+from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel, EvalInputError
+from evals.api import MEDIA_METHODS, GenerationRequest, LoglikelihoodRequest, RollingRequest
 from evals.cache import CachedModel, ResponseCache
 from evals.efficiency import measure
 from evals.results import read_unit, unit_path, write_tables, write_unit
@@ -44,6 +44,7 @@ _METHOD = {
     LoglikelihoodRequest: "loglikelihood",
     RollingRequest: "loglikelihood_rolling",
     GenerationRequest: "generate",
+    **MEDIA_METHODS,
 }
 
 
@@ -156,9 +157,14 @@ def evaluate_unit(model, plan: UnitPlan, data_dir, work_dir: Path | None = None)
         group = [(i, j, r) for i, j, r in flat if isinstance(r, kind)]
         if not group:
             continue
+        if not hasattr(model, method):
+            raise EvalInputError(f"task {task.name} needs a model with {method}(); this one has none")
         answers = getattr(model, method)([r for _, _, r in group])
         for (i, j, _), a in zip(group, answers):
             responses[i][j] = a
+    unanswered = {type(r).__name__ for i, j, r in flat if responses[i][j] is None}
+    if unanswered:
+        raise EvalInputError(f"task {task.name}: no model method answers {', '.join(sorted(unanswered))}")
     scores = [task.score(ex, resp) for ex, resp in zip(examples, responses)]
     metrics = {}
     for metric, higher in task.metrics.items():

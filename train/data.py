@@ -34,6 +34,7 @@ from ernie5.vision_docs import (
     encode_media,
     generation_segment,
     media_markers,
+    prompt_ids,
     to_pixels,
     understanding_segment,
 )
@@ -165,12 +166,12 @@ class MixtureStream:
         self.vision_tokenizer = vision_tokenizer
         self.vision_cfg = vision_cfg
 
-    def _media_len(self, doc: MediaDoc, prompt_ids: list[int], text_ids: list[int]) -> int:
+    def _media_len(self, doc: MediaDoc, p_ids: list[int], text_ids: list[int]) -> int:
         from ernie5.model.vision import und_layout
 
         frames = doc.media.shape[0] if doc.clip else 1
         if doc.kind == "gen":
-            return 1 + len(prompt_ids) + 1 + frames * self.vision_cfg.tokens_per_frame + 2
+            return 1 + len(p_ids) + 1 + frames * self.vision_cfg.tokens_per_frame + 2
         return 2 + und_layout(self.vision_cfg, frames)["positions"].shape[1] + 1 + len(text_ids) + 1
 
     def batch(self, step: int, index: int = 0) -> Batch:
@@ -190,9 +191,9 @@ class MixtureStream:
                 if self.vision_tokenizer is None:
                     raise ValueError("media sources need data.vision_tokenizer and model.vision.enabled")
                 drop = doc.kind == "gen" and rng.random() < self.cfg.cfg_dropout
-                prompt_ids = [] if drop else self.tokenizer.encode(doc.prompt + "\n")
+                p_ids = [] if drop else prompt_ids(self.tokenizer, doc.prompt)
                 text_ids = self.tokenizer.encode(doc.text)
-                n = self._media_len(doc, prompt_ids, text_ids)
+                n = self._media_len(doc, p_ids, text_ids)
                 if n > seq_len:
                     raise ValueError(
                         f"a {doc.kind} media document needs {n} positions > data.seq_len={seq_len}"
@@ -202,7 +203,7 @@ class MixtureStream:
                         break
                     rows.append([])
                     room = seq_len
-                rows[-1].append((doc, prompt_ids, text_ids))
+                rows[-1].append((doc, p_ids, text_ids))
                 room -= n
             if room <= 1:
                 if room == 1:
@@ -222,13 +223,13 @@ class MixtureStream:
             if isinstance(d, list):
                 out.append([text_segment(d)])
                 continue
-            doc, prompt_ids, text_ids = d
+            doc, p_ids, text_ids = d
             seg = encoded[id(doc)]
             frames = doc.media.shape[0] if doc.clip else 1
             begin, end = media_markers(frames)
             modality = "video" if frames > 1 else "image"
             if doc.kind == "gen":
-                out.append([text_segment([BOS, *prompt_ids, begin]), seg, text_segment([end, EOS])])
+                out.append([text_segment([BOS, *p_ids, begin]), seg, text_segment([end, EOS])])
             else:
                 answer = Segment(modality, token_ids=torch.tensor([*text_ids, EOS]))
                 out.append([text_segment([BOS, begin]), seg, text_segment([end], loss=False), answer])

@@ -11,10 +11,15 @@ import pytest
 import evals.tasks  # noqa: F401  (registers every task)
 from ernie5.data.root import DataMissing
 from evals.api import (
+    MEDIA_METHODS,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    MediaGenerationRequest,
+    MediaPart,
+    ReconstructionRequest,
+    RefineRequest,
     RollingRequest,
     RollingResult,
 )
@@ -23,7 +28,14 @@ from evals.random_model import RandomModel
 from evals.task import TASKS, Capability, Example, Modality, Task
 
 ALL_TASKS = TASKS.names()
-REQUEST_TYPES = (LoglikelihoodRequest, RollingRequest, GenerationRequest)
+REQUEST_TYPES = (
+    LoglikelihoodRequest,
+    RollingRequest,
+    GenerationRequest,
+    MediaGenerationRequest,
+    ReconstructionRequest,
+    RefineRequest,
+)
 
 
 def _is_procedural(cls: type[Task]) -> bool:
@@ -40,6 +52,8 @@ def _answer(model: RandomModel, requests: list) -> list:
         return model.loglikelihood(requests)
     if kind is RollingRequest:
         return model.loglikelihood_rolling(requests)
+    if kind in MEDIA_METHODS:
+        return getattr(model, MEDIA_METHODS[kind])(requests)
     return model.generate(requests)
 
 
@@ -144,6 +158,10 @@ def test_requests_are_valid(name, request):
                 assert r.max_new_tokens > 0 and r.context and all(r.stop)
             elif isinstance(r, LoglikelihoodRequest):
                 assert r.context and r.continuation.startswith(" ")
+            elif isinstance(r, MediaGenerationRequest):
+                assert r.prompt and r.n_frames >= 1
+            elif isinstance(r, ReconstructionRequest | RefineRequest):
+                assert isinstance(r.media, MediaPart) and r.media.data.dtype.name == "uint8"
             else:
                 assert r.text
         if example.choices:
