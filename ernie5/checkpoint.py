@@ -58,7 +58,16 @@ TRAIN_TENSORS_FILE = "train_tensors.safetensors"
 TRAIN_STATE_FILE = "train_state.json"
 TRAIN_FILES = (OPTIMIZER_FILE, TRAIN_TENSORS_FILE, TRAIN_STATE_FILE)
 VISION_TOKENIZER_FILES = ("vision_tokenizer.safetensors", "vision_tokenizer.yaml")
-RESERVED_FILES = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE, META_FILE, *TRAIN_FILES, *VISION_TOKENIZER_FILES)
+REFINER_FILES = ("refiner.safetensors", "refiner.yaml")
+RESERVED_FILES = (
+    MODEL_FILE,
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    META_FILE,
+    *TRAIN_FILES,
+    *VISION_TOKENIZER_FILES,
+    *REFINER_FILES,
+)
 _STEP_DIR = re.compile(r"step_(\d+)")
 _CHUNK = 1 << 20
 
@@ -80,6 +89,8 @@ class Checkpoint:
     """Everything in ``meta.json``: the caller's metadata plus ``format`` and ``files``."""
     vision_tokenizer: Any = None
     """The frozen vision tokenizer the model was trained with (``VisionTokenizer``), if any."""
+    refiner: Any = None
+    """The separately trained cascaded refiner (``ernie5.refiner.Refiner``), if any."""
 
 
 # ---------------------------------------------------------------------- files
@@ -365,6 +376,7 @@ def save_checkpoint(
     extra_files: dict[str, bytes] | None = None,
     train_state: tuple[torch.optim.Optimizer, dict[str, torch.Tensor], dict[str, Any]] | None = None,
     vision_tokenizer: Any = None,
+    refiner: Any = None,
 ) -> Path:
     """Write a checkpoint directory atomically (replacing ``path`` if it exists).
 
@@ -378,6 +390,8 @@ def save_checkpoint(
         train_state: ``(optimizer, tensors, state)`` for exact resume (see :func:`save_train_state`).
         vision_tokenizer: the frozen ``VisionTokenizer`` of a vision model, stored as
             ``vision_tokenizer.safetensors`` + ``vision_tokenizer.yaml`` (covered by the manifest).
+        refiner: the cascaded ``Refiner`` shipped with a vision model, stored as
+            ``refiner.safetensors`` + ``refiner.yaml``.
 
     Returns:
         ``path``.
@@ -427,6 +441,13 @@ def save_checkpoint(
                 metadata={},
             )
             _write_bytes(tmp / VISION_TOKENIZER_FILES[1], dump(vision_tokenizer.cfg).encode())
+        if refiner is not None:
+            _write_tensors(
+                tmp / REFINER_FILES[0],
+                {k: v.contiguous() for k, v in refiner.state_dict().items()},
+                metadata={},
+            )
+            _write_bytes(tmp / REFINER_FILES[1], dump(refiner.cfg).encode())
         files = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())}
         # meta.json last: its presence (with the manifest) is what makes a checkpoint complete.
         text = json.dumps({**meta, "format": FORMAT, "files": files}, indent=2, sort_keys=True)
@@ -481,9 +502,33 @@ def load_checkpoint(
     vision_tok = (
         _load_vision_tokenizer(path, cfg, device) if (path / VISION_TOKENIZER_FILES[0]).is_file() else None
     )
+    refiner = _load_refiner(path, device) if (path / REFINER_FILES[0]).is_file() else None
     return Checkpoint(
-        path=path, model=model, cfg=cfg, tokenizer=tokenizer, meta=meta, vision_tokenizer=vision_tok
+        path=path,
+        model=model,
+        cfg=cfg,
+        tokenizer=tokenizer,
+        meta=meta,
+        vision_tokenizer=vision_tok,
+        refiner=refiner,
     )
+
+
+def _load_refiner(path: Path, device) -> Any:
+    """The stored cascaded refiner."""
+    from ernie5.refiner import Refiner, RefinerConfig
+
+    weights_file, config_file = (path / name for name in REFINER_FILES)
+    try:
+        rcfg = from_dict(RefinerConfig, read_yaml(config_file))
+    except ConfigError as e:
+        raise CheckpointError(f"{config_file}: {e}") from None
+    refiner = Refiner(rcfg)
+    try:
+        refiner.load_state_dict(_read_tensors(weights_file))
+    except RuntimeError as e:
+        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
+    return refiner.to(device).eval().requires_grad_(False)
 
 
 def _load_vision_tokenizer(path: Path, cfg: ModelConfig, device) -> Any:

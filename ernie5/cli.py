@@ -39,11 +39,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         TokenizerError,
     ]
     from ernie5.data.text import DataCorrupt
+    from ernie5.refiner import RefinerError
+    from ernie5.tokenizers.vision import VisionTokenizerError
     from evals.adapter import EvalInputError
     from reports.load import ReportError
     from train.loop import RunError
 
-    errors += [DataCorrupt, EvalInputError, RunError, ReportError]
+    errors += [DataCorrupt, EvalInputError, RunError, ReportError, RefinerError, VisionTokenizerError]
     return tuple(errors)
 
 
@@ -95,6 +97,36 @@ def cmd_train(args) -> int:
     last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
     if last:
         print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
+    return 0
+
+
+def cmd_train_vision_tokenizer(args) -> int:
+    """``ernie5 train-vision-tokenizer``."""
+    from ernie5.config import load
+    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
+    cfg = load(VisionTokenizerTrainConfig, args.config, args.set or [])
+    summary = train_vision_tokenizer(cfg, out, args.data_dir, time_budget_s=args.time_budget)
+    _print_json(summary)
+    return 0
+
+
+def cmd_train_refiner(args) -> int:
+    """``ernie5 train-refiner``."""
+    from ernie5.config import load
+    from train.refiner import RefinerTrainConfig, train_refiner
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
+    cfg = load(RefinerTrainConfig, args.config, args.set or [])
+    summary = train_refiner(
+        cfg, out, args.data_dir, tokenizer_path=args.tokenizer, time_budget_s=args.time_budget
+    )
+    _print_json(summary)
     return 0
 
 
@@ -280,6 +312,28 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
+
+    for name, fn, what in (
+        (
+            "train-vision-tokenizer",
+            cmd_train_vision_tokenizer,
+            "train the causal multi-scale bitwise vision tokenizer (2D, then inflated to 3D)",
+        ),
+        ("train-refiner", cmd_train_refiner, "train the cascaded diffusion refiner (2x upsampling)"),
+    ):
+        tv = sub.add_parser(name, help=what)
+        tv.add_argument("--out", required=True, help="output folder (new)")
+        tv.add_argument("--config", default=None, help="YAML run config (default: the built-in defaults)")
+        tv.add_argument(
+            "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
+        )
+        tv.add_argument("--data-dir", help="data root for MNIST (default: $ERNIE5_DATA_DIR; shapes always)")
+        tv.add_argument("--time-budget", type=float, default=None, help="wall-clock cap in seconds")
+        if name == "train-refiner":
+            tv.add_argument(
+                "--tokenizer", help="a 2D vision tokenizer folder whose round trip is a degradation"
+            )
+        tv.set_defaults(fn=fn)
 
     pa = sub.add_parser("params", help="total/active params, activation rate and FLOPs per token")
     pa.add_argument("--config", help="preset name or run-config YAML")

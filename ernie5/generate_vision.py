@@ -115,6 +115,7 @@ def generate_media(
                         inputs.reshape(rows * m, d).to(device),
                         torch.full((rows * m,), k, device=device),
                         start.repeat(rows).to(device),
+                        cell_P=lay["cell"][sl].repeat(rows).to(device),
                     ),
                     torch.ones(rows, m, dtype=torch.bool, device=device),
                 ),

@@ -51,6 +51,8 @@ class VisionGen:
     """Bits to predict at each position, in {0, 1} (None at inference)."""
     weights_P: torch.Tensor | None = None
     """Per-position bit-loss weights (coarse scales up-weighted)."""
+    cell_P: torch.Tensor | None = None
+    """Index of each position's cell within its frame (0 .. tokens_per_frame-1)."""
 
 
 @dataclass
@@ -124,11 +126,10 @@ class VisionInputs:
         if self.gen is not None:
             g = self.gen
             gen = VisionGen(
-                g.inputs_PD.to(device),
-                g.scale_P.to(device),
-                g.start_P.to(device),
-                None if g.targets_PD is None else g.targets_PD.to(device),
-                None if g.weights_P is None else g.weights_P.to(device),
+                *(
+                    None if t is None else t.to(device)
+                    for t in (g.inputs_PD, g.scale_P, g.start_P, g.targets_PD, g.weights_P, g.cell_P)
+                )
             )
         mask = [None if m is None else m.to(device) for m in (self.und_mask_BT, self.gen_mask_BT)]
         return VisionInputs(und, mask[0], gen, mask[1])
@@ -220,16 +221,16 @@ def _flatten(doc: list[Segment]) -> dict:
 
 
 def _cat_gen(items: list[VisionGen]) -> VisionGen:
-    has_t = all(g.targets_PD is not None for g in items)
-    return VisionGen(
-        torch.cat([g.inputs_PD for g in items]),
-        torch.cat([g.scale_P for g in items]),
-        torch.cat([g.start_P for g in items]),
-        torch.cat([g.targets_PD for g in items]) if has_t else None,
-        torch.cat([g.weights_P if g.weights_P is not None else torch.ones(len(g.scale_P)) for g in items])
-        if has_t
-        else None,
-    )
+    def cat(name: str):
+        parts = [getattr(g, name) for g in items]
+        return None if any(p is None for p in parts) else torch.cat(parts)
+
+    gen = VisionGen(cat("inputs_PD"), cat("scale_P"), cat("start_P"), cat("targets_PD"), None, cat("cell_P"))
+    if gen.targets_PD is not None:
+        gen.weights_P = torch.cat(
+            [g.weights_P if g.weights_P is not None else torch.ones(len(g.scale_P)) for g in items]
+        )
+    return gen
 
 
 def pack(

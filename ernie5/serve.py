@@ -95,7 +95,14 @@ def extract_checkpoint(checkpoint: str | Path, subnet: str, out: str | Path, dat
         "subnet": extraction_meta(sub, ckpt.cfg),
         "parent": str(ckpt.path),
     }
-    path = save_checkpoint(out, child, tokenizer=ckpt.tokenizer, meta=meta)
+    path = save_checkpoint(
+        out,
+        child,
+        tokenizer=ckpt.tokenizer,
+        meta=meta,
+        vision_tokenizer=ckpt.vision_tokenizer,
+        refiner=ckpt.refiner,
+    )
 
     def size(p: Path) -> int:
         return (p / "model.safetensors").stat().st_size

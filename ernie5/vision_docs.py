@@ -102,6 +102,7 @@ def _prev_frame_inputs(tokenizer, input_bits: list[torch.Tensor], cfg: VisionCon
     return down.permute(0, 2, 3, 1)
 
 
+@torch.no_grad()
 def generation_inputs(
     tokenizer, cfg: VisionConfig, input_bits: list[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +144,7 @@ def generation_segment(
         targets = (targets > 0).float()
     return Segment(
         "video" if n_frames > 1 else "image",
-        gen=VisionGen(inputs, lay["scale"], start, targets, scale_loss_weights(cfg, n_frames)),
+        gen=VisionGen(inputs, lay["scale"], start, targets, scale_loss_weights(cfg, n_frames), lay["cell"]),
         positions=lay["positions"],
         block_ids=lay["block_ids"],
     )

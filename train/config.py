@@ -106,6 +106,8 @@ class DataConfig:
     """Characters of training text the BPE tokenizer is trained on."""
     vision_tokenizer: str = ""
     """Folder of the frozen vision tokenizer (``ernie5 train-vision-tokenizer``); needed by media sources."""
+    refiner: str = ""
+    """Folder of a trained cascaded refiner (``ernie5 train-refiner``) shipped in every checkpoint."""
     cfg_dropout: float = 0.1
     """Probability of dropping a generation prompt (trains the unconditional branch of guidance)."""
     vision_flip_max: float = 0.1

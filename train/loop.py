@@ -136,8 +136,10 @@ class Trainer:
             ckpt = load_checkpoint(self.resume_dir)
             self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
             self.vision_tokenizer = ckpt.vision_tokenizer
+            self.refiner = ckpt.refiner
         else:
             self.vision_tokenizer = self._load_vision_tokenizer()
+            self.refiner = self._load_refiner()
             if self.dist.main and not tok_path.exists():
                 corpus = tokenizer_corpus(self.sources, cfg.data.tokenizer_chars, cfg.train.seed)
                 tok = TextTokenizer.train(corpus, cfg.model.vocab_size)
@@ -212,6 +214,17 @@ class Trainer:
                 f"model.vision {want}"
             )
         return tok.eval().requires_grad_(False)
+
+    def _load_refiner(self):
+        """The frozen cascaded refiner named by ``data.refiner`` (shipped in checkpoints), if any."""
+        if not self.cfg.data.refiner:
+            return None
+        from ernie5.refiner import Refiner, RefinerError
+
+        try:
+            return Refiner.load(self.cfg.data.refiner).eval().requires_grad_(False)
+        except (RefinerError, OSError) as e:
+            raise RunError(f"data.refiner: {str(e).splitlines()[0]}") from None
 
     def _barrier(self) -> None:
         self.dist.barrier()
@@ -340,6 +353,7 @@ class Trainer:
             meta={**provenance(self.cfg.train.seed), "step": step, "subnet": None, "run": str(self.run_dir)},
             train_state=(self.optimizer, tensors, state),
             vision_tokenizer=self.vision_tokenizer,
+            refiner=self.refiner,
         )
         for old in checkpoint_dirs(self.run_dir)[: -self.cfg.train.keep_ckpts]:
             shutil.rmtree(old, ignore_errors=True)

@@ -210,7 +210,7 @@ class Ernie5Model(nn.Module):
                 x_BTD = x_BTD.masked_scatter(vision.und_mask_BT[..., None], und.to(x_BTD.dtype))
             if vision.gen is not None:
                 g = vision.gen
-                gen = self.vision.generation_embeds(g.inputs_PD, g.scale_P, g.start_P)
+                gen = self.vision.generation_embeds(g.inputs_PD, g.scale_P, g.start_P, g.cell_P)
                 x_BTD = x_BTD.masked_scatter(vision.gen_mask_BT[..., None], gen.to(x_BTD.dtype))
         return x_BTD
 

@@ -28,6 +28,9 @@ References:
 Deviations:
   1. The ViT is small and trained from scratch with the backbone (no pretrained vision foundation
      model can be downloaded here); the CNN features come from the frozen project tokenizer.
+  3. Besides Uni-RoPE, every generation position gets a learned embedding of its cell (its index
+     within the frame's scales), as VAR adds absolute position embeddings: inside a bidirectional
+     block of near-identical VAR inputs, relative rotary phases alone barely tell positions apart.
   2. Per-scale loss weights are ``1 / sqrt(n_k^2)`` normalised to mean 1 over positions (the report
      says coarse scales are up-weighted but not by how much).
 """
@@ -54,7 +57,7 @@ def nfsp_layout(cfg: VisionConfig, n_frames: int) -> dict[str, torch.Tensor]:
 
     Order: frame-major, scale-minor, row-major inside a scale. One block per (frame, scale).
     """
-    pos, blk, scale, frame = [], [], [], []
+    pos, blk, scale, frame, cell = [], [], [], [], []
     k_scales = len(cfg.scales)
     for f in range(n_frames):
         for k, n in enumerate(cfg.scales):
@@ -65,11 +68,13 @@ def nfsp_layout(cfg: VisionConfig, n_frames: int) -> dict[str, torch.Tensor]:
             blk.append(torch.full((m,), f * k_scales + k))
             scale.append(torch.full((m,), k))
             frame.append(torch.full((m,), f))
+            cell.append(torch.arange(m) + sum(q * q for q in cfg.scales[:k]))
     return {
         "positions": torch.cat(pos, dim=1),
         "block_ids": torch.cat(blk),
         "scale": torch.cat(scale),
         "frame": torch.cat(frame),
+        "cell": torch.cat(cell),
     }
 
 
@@ -176,6 +181,7 @@ class VisionModule(nn.Module):
         self.merger = PatchMerger(cfg, d_model)
         self.gen_in = nn.Linear(cfg.latent_bits, d_model)
         self.scale_emb = nn.Embedding(len(cfg.scales), d_model)
+        self.cell_emb = nn.Embedding(cfg.tokens_per_frame, d_model)  # VAR-style absolute position per cell
         self.start_emb = nn.Parameter(torch.zeros(d_model))
         self.head = nn.Linear(d_model, cfg.latent_bits)
 
@@ -191,8 +197,12 @@ class VisionModule(nn.Module):
         return self.merger(g_cnn, g_vit)
 
     def generation_embeds(
-        self, inputs_PD: torch.Tensor, scale_P: torch.Tensor, start_P: torch.Tensor
+        self, inputs_PD: torch.Tensor, scale_P: torch.Tensor, start_P: torch.Tensor, cell_P: torch.Tensor
     ) -> torch.Tensor:
-        """Embeddings of NFSP positions: projected scale inputs + scale embedding (+ start)."""
-        x = self.gen_in(inputs_PD.to(self.gen_in.weight.dtype)) + self.scale_emb(scale_P)
+        """Embeddings of NFSP positions: projected scale inputs + scale and cell embeddings (+ start)."""
+        x = (
+            self.gen_in(inputs_PD.to(self.gen_in.weight.dtype))
+            + self.scale_emb(scale_P)
+            + self.cell_emb(cell_P)
+        )
         return torch.where(start_P[:, None], x + self.start_emb, x)
