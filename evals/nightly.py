@@ -1,8 +1,9 @@
 """``ernie5 nightly``: the main job.
 
-With no arguments, on a fresh machine with no data: train (or reuse a cached) small elastic model
-on the embedded default data — the seeded procedural tasks, plus real text when a data root is
-found — then sweep ``suites/nightly.yaml`` over its sub-models into a run folder and write the
+With no arguments, on a fresh machine with no data: train (or reuse cached) a small vision tokenizer
+and a small elastic text+image+video model on the embedded default data — the seeded procedural
+tasks and the procedural shapes world (images and clips), plus real text and MNIST when a data
+root is found — then sweep ``suites/nightly.yaml`` over its sub-models into a run folder and write the
 report (and, with ``--baseline``, the comparison with an earlier run).
 
 The trained model is cached under ``$ERNIE5_CACHE_DIR`` (default ``~/.cache/ernie5``) in a folder
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -33,14 +35,52 @@ def cache_root() -> Path:
     return Path(os.environ.get("ERNIE5_CACHE_DIR", Path.home() / ".cache" / "ernie5"))
 
 
+NIGHTLY_TOKENIZER_STEPS = 500
+"""2D steps of the nightly vision tokenizer (~1 CPU minute; the full recipe runs 2000)."""
+NIGHTLY_TOKENIZER_VIDEO_STEPS = 20
+
+
+def ensure_vision_tokenizer(data_dir: Path | None, quiet: bool = False) -> Path:
+    """The nightly's frozen vision tokenizer (3D), cached like the model."""
+    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+
+    cfg = load(
+        VisionTokenizerTrainConfig,
+        None,
+        [
+            f"steps={NIGHTLY_TOKENIZER_STEPS}",
+            f"video_steps={NIGHTLY_TOKENIZER_VIDEO_STEPS}",
+            "eval_images=100",
+            "eval_clips=16",
+        ],
+    )
+    has_mnist = data_dir is not None and (Path(data_dir) / "mnist").is_dir()
+    key = hashlib.sha256(json.dumps([dump(cfg), has_mnist, __version__]).encode()).hexdigest()[:12]
+    out = cache_root() / "tokenizers" / f"vision-{key}"
+    if (out / "tokenizer_3d" / "meta.json").is_file():
+        return out / "tokenizer_3d"
+    if not quiet:
+        print(f"nightly: training the vision tokenizer into {out}", file=sys.stderr)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    train_vision_tokenizer(cfg, tmp, data_dir)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # complete or absent: an interrupted training is redone
+    return out / "tokenizer_3d"
+
+
 def ensure_model(data_dir: Path | None, quiet: bool = False) -> Path:
     """A trained nightly model: the cached one for these inputs, or a freshly trained one."""
     from train.config import RunConfig
     from train.data import open_sources
     from train.loop import checkpoint_dirs, pretrain
 
-    cfg = load(RunConfig, resolve_config_path(NIGHTLY_PRESET))
-    sources = open_sources(cfg.data, data_dir)
+    overrides = []
+    base = load(RunConfig, resolve_config_path(NIGHTLY_PRESET))
+    if base.model.vision.enabled:
+        overrides.append(f"data.vision_tokenizer={ensure_vision_tokenizer(data_dir, quiet)}")
+    cfg = load(RunConfig, resolve_config_path(NIGHTLY_PRESET), overrides)
+    sources = open_sources(cfg.data, data_dir, cfg.model.vision.image_size)
     key = hashlib.sha256(
         json.dumps([dump(cfg), sources.names, __version__], sort_keys=True).encode()
     ).hexdigest()[:12]

@@ -94,8 +94,23 @@ def subnet_identity(s: Subnet) -> list:
     return [list(s.layers), [list(e) if e is not None else None for e in s.experts], s.top_k]
 
 
+def model_capabilities(ckpt) -> set[str]:
+    """What a checkpoint can do beyond text: ``vision``, ``refiner``."""
+    caps = set()
+    if ckpt.vision_tokenizer is not None and ckpt.model.vision is not None:
+        caps.add("vision")
+    if getattr(ckpt, "refiner", None) is not None:
+        caps.add("refiner")
+    return caps
+
+
 def plan_units(
-    loaded: LoadedSuite, ckpt_hash: str, subnets: list[Subnet], data_dir, limit: int | None
+    loaded: LoadedSuite,
+    ckpt_hash: str,
+    subnets: list[Subnet],
+    data_dir,
+    limit: int | None,
+    capabilities: set[str] | None = None,
 ) -> list[UnitPlan]:
     """Every unit of the sweep with its fingerprint, sub-model-major."""
     cfg = loaded.cfg
@@ -103,6 +118,11 @@ def plan_units(
     for entry in cfg.tasks:
         task = TASKS.get(entry.task)(**entry.kwargs)
         ok, reason = task.available(data_dir)
+        missing = [
+            c for c in getattr(task, "requires", ()) if capabilities is not None and c not in capabilities
+        ]
+        if ok and missing:
+            ok, reason = False, f"the checkpoint has no {' or '.join(missing)} (task {task.name} needs it)"
         data_hash = task.fingerprint_data(data_dir) if ok else ""
         lim = entry.limit if limit is None else min(limit, entry.limit or limit)
         seed = cfg.seed if entry.seed is None else entry.seed
@@ -231,7 +251,7 @@ def run_sweep(
         subnets = expand_subnets(cfg.subnets, ckpt.cfg, importance)
     except SubnetError as e:
         raise ConfigError(f"{loaded.path}: {e}") from None
-    units = plan_units(loaded, ckpt_hash, subnets, data_dir, limit)
+    units = plan_units(loaded, ckpt_hash, subnets, data_dir, limit, model_capabilities(ckpt))
     dist = init_dist()
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)

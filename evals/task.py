@@ -117,6 +117,9 @@ class Task(ABC):
     data_files: ClassVar[tuple[str, ...]] = ()
     """Files read, relative to the data root; empty for procedural tasks."""
     how_to_get: ClassVar[str] = ""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Model capabilities the task needs beyond text: ``vision`` (a vision tokenizer and module),
+    ``refiner`` (a cascaded refiner). A sweep records the task as skipped on a model without them."""
     Options: ClassVar[type] = NoOptions
     """Frozen dataclass of the task's kwargs; ``__post_init__`` checks ranges."""
     fixed: ClassVar[dict[str, Any]] = {}

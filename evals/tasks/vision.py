@@ -88,6 +88,7 @@ def _mnist_files() -> tuple[str, ...]:
 class _ChoiceOverMedia(Task):
     """Multiple choice by log-likelihood after an image or clip."""
 
+    requires = ("vision",)
     capability = "understanding"
     metrics: ClassVar[dict[str, bool]] = {"acc": True}
 
@@ -288,6 +289,8 @@ def _describe(example: MediaExample, extra: dict) -> dict:
 class TextToImageShapes(Task):
     """Draw a described shapes scene; the analytic judge checks shapes, colours and positions."""
 
+    requires = ("vision",)
+
     name = "t2i_shapes"
     version = 1
     modality = "image"
@@ -340,6 +343,8 @@ class TextToImageShapes(Task):
 
 class _DigitJudged(Task):
     """Shared loading of the digit judge (it needs the data root)."""
+
+    requires = ("vision",)
 
     data_files = _mnist_files()
     how_to_get = MNIST_HOW
@@ -408,6 +413,8 @@ def _clip_scores(clip: np.ndarray, direction: str, frame_ok: list[bool]) -> dict
 @TASKS.register("t2v_shapes")
 class TextToVideoShapes(Task):
     """Animate a shape moving in a direction; per-frame shape/colour judge plus centroid motion."""
+
+    requires = ("vision",)
 
     name = "t2v_shapes"
     version = 1
@@ -505,6 +512,8 @@ class TextToVideoDigits(_DigitJudged):
 class _Reconstruction(Task):
     """PSNR / SSIM of the vision tokenizer's round trip (the bits the backbone predicts, decoded)."""
 
+    requires = ("vision",)
+
     version = 1
     modality = "image"
     capability = "generation"
@@ -575,6 +584,8 @@ class RefinerGain(Task):
     The low-resolution input is the shapes scene rendered at 32 px with a mild blur and noise (a
     stand-in for the backbone's decoded output); the reference is the same scene rendered at 64 px.
     """
+
+    requires = ("refiner",)
 
     name = "refiner_gain"
     version = 1
