@@ -262,7 +262,8 @@ def test_train_refiner_writes_its_folder(tmp_path):
         eval_steps=(1,),
         log_every=1,
     )
-    summary = train_refiner(cfg, tmp_path / "run")
+    # An empty data root: shapes only, whatever $ERNIE5_DATA_DIR says.
+    summary = train_refiner(cfg, tmp_path / "run", data_dir=tmp_path / "no-data")
     names = {p.name for p in (tmp_path / "run").iterdir()}
     assert {"config.yaml", "meta.json", "metrics.jsonl", "refiner", "summary.json"} <= names
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
