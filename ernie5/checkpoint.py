@@ -59,6 +59,7 @@ TRAIN_STATE_FILE = "train_state.json"
 TRAIN_FILES = (OPTIMIZER_FILE, TRAIN_TENSORS_FILE, TRAIN_STATE_FILE)
 VISION_TOKENIZER_FILES = ("vision_tokenizer.safetensors", "vision_tokenizer.yaml")
 REFINER_FILES = ("refiner.safetensors", "refiner.yaml")
+AUDIO_CODEC_FILES = ("audio_codec.safetensors", "audio_codec.yaml")
 RESERVED_FILES = (
     MODEL_FILE,
     CONFIG_FILE,
@@ -67,6 +68,7 @@ RESERVED_FILES = (
     *TRAIN_FILES,
     *VISION_TOKENIZER_FILES,
     *REFINER_FILES,
+    *AUDIO_CODEC_FILES,
 )
 _STEP_DIR = re.compile(r"step_(\d+)")
 _CHUNK = 1 << 20
@@ -91,6 +93,8 @@ class Checkpoint:
     """The frozen vision tokenizer the model was trained with (``VisionTokenizer``), if any."""
     refiner: Any = None
     """The separately trained cascaded refiner (``ernie5.refiner.Refiner``), if any."""
+    audio_codec: Any = None
+    """The frozen audio codec the model was trained with (``AudioCodec``), if any."""
 
 
 # ---------------------------------------------------------------------- files
@@ -377,6 +381,7 @@ def save_checkpoint(
     train_state: tuple[torch.optim.Optimizer, dict[str, torch.Tensor], dict[str, Any]] | None = None,
     vision_tokenizer: Any = None,
     refiner: Any = None,
+    audio_codec: Any = None,
 ) -> Path:
     """Write a checkpoint directory atomically (replacing ``path`` if it exists).
 
@@ -392,6 +397,8 @@ def save_checkpoint(
             ``vision_tokenizer.safetensors`` + ``vision_tokenizer.yaml`` (covered by the manifest).
         refiner: the cascaded ``Refiner`` shipped with a vision model, stored as
             ``refiner.safetensors`` + ``refiner.yaml``.
+        audio_codec: the frozen ``AudioCodec`` of an audio model, stored as
+            ``audio_codec.safetensors`` + ``audio_codec.yaml``.
 
     Returns:
         ``path``.
@@ -448,6 +455,13 @@ def save_checkpoint(
                 metadata={},
             )
             _write_bytes(tmp / REFINER_FILES[1], dump(refiner.cfg).encode())
+        if audio_codec is not None:
+            _write_tensors(
+                tmp / AUDIO_CODEC_FILES[0],
+                {k: v.contiguous() for k, v in audio_codec.state_dict().items()},
+                metadata={},
+            )
+            _write_bytes(tmp / AUDIO_CODEC_FILES[1], dump(audio_codec.cfg).encode())
         files = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())}
         # meta.json last: its presence (with the manifest) is what makes a checkpoint complete.
         text = json.dumps({**meta, "format": FORMAT, "files": files}, indent=2, sort_keys=True)
@@ -503,6 +517,7 @@ def load_checkpoint(
         _load_vision_tokenizer(path, cfg, device) if (path / VISION_TOKENIZER_FILES[0]).is_file() else None
     )
     refiner = _load_refiner(path, device) if (path / REFINER_FILES[0]).is_file() else None
+    codec = _load_audio_codec(path, cfg, device) if (path / AUDIO_CODEC_FILES[0]).is_file() else None
     return Checkpoint(
         path=path,
         model=model,
@@ -511,7 +526,35 @@ def load_checkpoint(
         meta=meta,
         vision_tokenizer=vision_tok,
         refiner=refiner,
+        audio_codec=codec,
     )
+
+
+def _load_audio_codec(path: Path, cfg: ModelConfig, device) -> Any:
+    """The stored audio codec, checked against the model's audio config."""
+    from ernie5.tokenizers.audio_codec import AudioCodec
+    from ernie5.tokenizers.audio_config import AudioCodecConfig
+
+    weights_file, config_file = (path / name for name in AUDIO_CODEC_FILES)
+    try:
+        ccfg = from_dict(AudioCodecConfig, read_yaml(config_file))
+    except ConfigError as e:
+        raise CheckpointError(f"{config_file}: {e}") from None
+    check_codec_fits(ccfg, cfg, str(config_file), CheckpointError)
+    codec = AudioCodec(ccfg)
+    try:
+        codec.load_state_dict(_read_tensors(weights_file))
+    except RuntimeError as e:
+        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
+    return codec.to(device).eval().requires_grad_(False)
+
+
+def check_codec_fits(codec_cfg: Any, cfg: ModelConfig, where: str, error: type[Exception]) -> None:
+    """Raise ``error`` unless the codec's (levels, codebook size) are the model's audio config's."""
+    a = cfg.audio
+    got, want = (codec_cfg.n_levels, codec_cfg.codebook_size), (a.n_levels, a.codebook_size)
+    if got != want:
+        raise error(f"{where}: codec (n_levels, codebook_size)={got} does not fit model.audio {want}")
 
 
 def _load_refiner(path: Path, device) -> Any:

@@ -114,6 +114,20 @@ def cmd_train_vision_tokenizer(args) -> int:
     return 0
 
 
+def cmd_train_audio_codec(args) -> int:
+    """``ernie5 train-audio-codec``."""
+    from ernie5.config import load
+    from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
+    cfg = load(AudioCodecTrainConfig, args.config, args.set or [])
+    summary = train_audio_codec(cfg, out, args.data_dir, time_budget_s=args.time_budget)
+    _print_json(summary)
+    return 0
+
+
 def cmd_train_refiner(args) -> int:
     """``ernie5 train-refiner``."""
     from ernie5.config import load
@@ -320,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
             "train the causal multi-scale bitwise vision tokenizer (2D, then inflated to 3D)",
         ),
         ("train-refiner", cmd_train_refiner, "train the cascaded diffusion refiner (2x upsampling)"),
+        (
+            "train-audio-codec",
+            cmd_train_audio_codec,
+            "train the RVQ audio codec (level 1 distilled toward a semantic teacher)",
+        ),
     ):
         tv = sub.add_parser(name, help=what)
         tv.add_argument("--out", required=True, help="output folder (new)")
@@ -327,7 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
         tv.add_argument(
             "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
         )
-        tv.add_argument("--data-dir", help="data root for MNIST (default: $ERNIE5_DATA_DIR; shapes always)")
+        what_data = "FSDD" if name == "train-audio-codec" else "MNIST"
+        always = "DTMF" if name == "train-audio-codec" else "shapes"
+        tv.add_argument(
+            "--data-dir", help=f"data root for {what_data} (default: $ERNIE5_DATA_DIR; {always} always)"
+        )
         tv.add_argument("--time-budget", type=float, default=None, help="wall-clock cap in seconds")
         if name == "train-refiner":
             tv.add_argument(

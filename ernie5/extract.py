@@ -61,6 +61,8 @@ def extract_subnet(model: Ernie5Model, subnet: Subnet) -> Ernie5Model:
     child.mtp.load_state_dict(model.mtp.state_dict())
     if model.vision is not None:
         child.vision.load_state_dict(model.vision.state_dict())
+    if model.audio is not None:
+        child.audio.load_state_dict(model.audio.state_dict())
     for new_i, old_i in enumerate(subnet.layers):
         src, dst = model.layers[old_i], child.layers[new_i]
         kept = subnet.experts[old_i]

@@ -2,6 +2,9 @@
 
 Batched prompts of different lengths are left-padded; padding positions form their own document
 (id -1), so no real token ever attends to them, and real positions start at 0 in every row.
+Prompts given as documents of :class:`~ernie5.sequence.Segment` (images, clips or audio next to
+text) are packed one per row and right-padded instead; new tokens go after the longest prompt in
+the cache and continue each row's own positions, which the document mask makes equivalent.
 
 Self-speculative decoding (greedy, batch 1) uses the first MTP module as the drafter: after the
 backbone picks token ``t_{n+1}`` at position ``n``, the MTP module drafts ``t_{n+2}`` from
@@ -49,10 +52,33 @@ def _pick(logits_BV: torch.Tensor, temperature: float, gen: torch.Generator | No
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
+def _prefill_docs(model, docs: list, subnet, cache):
+    """Pack multimodal prompt documents (one per row, right-padded) and run them through the cache."""
+    from ernie5.sequence import pack
+
+    lens = [sum(len(s) for s in d) for d in docs]
+    t0 = max(lens)
+    batch = pack(docs, t0, n_rows=len(docs), one_per_row=True).to(model.tok_emb.weight.device)
+    out = model(
+        batch.input_ids,
+        positions_3BT=batch.positions,
+        doc_ids_BT=batch.doc_ids,
+        block_ids_BT=batch.block_ids,
+        vision=batch.vision,
+        audio=batch.audio,
+        subnet=subnet,
+        cache=cache,
+    )
+    rows = torch.arange(len(docs))
+    last = torch.tensor(lens) - 1
+    next_pos = batch.positions.amax(dim=0)[rows, last] + 1
+    return out, batch.doc_ids >= 0, out.logits_BTV[rows, last], next_pos
+
+
 @torch.inference_mode()
 def generate(
     model: Ernie5Model,
-    prompts: list[list[int]],
+    prompts: list[list[int]] | list[list],
     max_new_tokens: int,
     *,
     subnet: Subnet | None = None,
@@ -64,6 +90,9 @@ def generate(
 ) -> list[list[int]]:
     """Continue each prompt; returns only the new tokens of each row.
 
+    A prompt is token ids, or a document (a list of :class:`~ernie5.sequence.Segment`) that may hold
+    images, clips or audio.
+
     A row stops at ``eos_id`` (not returned), when ``should_stop(row, new_tokens)`` says so (e.g. a
     stop string appeared), or after ``max_new_tokens``. ``on_forward(output, real_BT)`` sees every
     forward's output with the mask of its non-padding positions (e.g. to count expert loads).
@@ -72,33 +101,46 @@ def generate(
         raise ValueError("every prompt needs at least one token")
     device = model.tok_emb.weight.device
     b = len(prompts)
-    lens = [len(p) for p in prompts]
+    is_doc = any(p and not isinstance(p[0], int) for p in prompts)
+    if is_doc:
+        from ernie5.sequence import text_segment
+
+        prompts = [p if p and not isinstance(p[0], int) else [text_segment(p)] for p in prompts]
+    lens = [sum(len(s) for s in p) if is_doc else len(p) for p in prompts]
     t0 = max(lens)
     total = t0 + max_new_tokens
     if total > model.cfg.max_seq_len:
         raise ValueError(
             f"prompt ({t0}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len={model.cfg.max_seq_len}"
         )
-    ids = torch.full((b, t0), PAD, dtype=torch.long, device=device)
-    doc = torch.full((b, t0), -1, dtype=torch.long, device=device)
-    pos = torch.zeros(b, t0, dtype=torch.long, device=device)
-    for r, p in enumerate(prompts):
-        pad = t0 - len(p)
-        ids[r, pad:] = torch.tensor(p, device=device)
-        doc[r, pad:] = 0
-        pos[r, pad:] = torch.arange(len(p), device=device)
-    blk = torch.arange(t0, device=device).expand(b, t0)
     cache = model.new_cache(b, total)
     gen = torch.Generator(device="cpu").manual_seed(seed) if temperature > 0 else None
-    out = model(
-        ids, positions_3BT=pos.expand(3, b, t0), doc_ids_BT=doc, block_ids_BT=blk, subnet=subnet, cache=cache
-    )
+    if is_doc:
+        out, real, logits, next_pos = _prefill_docs(model, prompts, subnet, cache)
+    else:
+        ids = torch.full((b, t0), PAD, dtype=torch.long, device=device)
+        doc = torch.full((b, t0), -1, dtype=torch.long, device=device)
+        pos = torch.zeros(b, t0, dtype=torch.long, device=device)
+        for r, p in enumerate(prompts):
+            pad = t0 - len(p)
+            ids[r, pad:] = torch.tensor(p, device=device)
+            doc[r, pad:] = 0
+            pos[r, pad:] = torch.arange(len(p), device=device)
+        blk = torch.arange(t0, device=device).expand(b, t0)
+        out = model(
+            ids,
+            positions_3BT=pos.expand(3, b, t0),
+            doc_ids_BT=doc,
+            block_ids_BT=blk,
+            subnet=subnet,
+            cache=cache,
+        )
+        real, logits = doc >= 0, out.logits_BTV[:, -1]
+        next_pos = torch.tensor(lens, device=device)
     if on_forward is not None:
-        on_forward(out, doc >= 0)
-    next_pos = torch.tensor(lens, device=device)
+        on_forward(out, real)
     new: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
-    logits = out.logits_BTV[:, -1]
     for step in range(max_new_tokens):
         tok = _pick(logits, temperature, gen)
         for r in range(b):

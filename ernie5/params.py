@@ -6,7 +6,7 @@ Definitions (used by ``ernie5 params``, the harness's efficiency columns and the
     head and the MTP modules.
   * ``active_params``: parameters used to process one token in a plain forward: everything except
     the routed experts a token does not select and the MTP modules (they only serve training and
-    speculative drafting) and the vision modules (a text token never touches them). The input
+    speculative drafting) and the vision and audio modules (a text token never touches them). The input
     embedding table is counted whole, as Hugging Face does.
   * ``active_params_no_embedding``: the same without the input embedding (the MFU convention).
   * ``flops_per_token``: forward FLOPs per token, ``2 * active_params_no_embedding`` for the
@@ -80,6 +80,16 @@ def _vision_params(cfg: ModelConfig) -> int:
         return sum(p.numel() for p in VisionModule(cfg.vision, cfg.d_model).parameters())
 
 
+def _audio_params(cfg: ModelConfig) -> int:
+    """Parameters of the audio input/start embeddings, NCP heads and code embeddings."""
+    if not cfg.audio.enabled:
+        return 0
+    from ernie5.model.audio import AudioModule
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in AudioModule(cfg.audio, cfg.d_model).parameters())
+
+
 def count_params(cfg: ModelConfig, subnet: Subnet | None = None, seq_len: int | None = None) -> ParamReport:
     """Analytic counts for ``cfg`` under ``subnet`` (None = full model)."""
     subnet = subnet or Subnet.full(cfg)
@@ -89,7 +99,7 @@ def count_params(cfg: ModelConfig, subnet: Subnet | None = None, seq_len: int | 
     head = 0 if cfg.tie_embeddings else v * d
     # Each MTP depth: two input norms, the 2d -> d projection, a dense block, the output norm.
     mtp = cfg.mtp.n_depth * (3 * d + 2 * d * d + _attn_params(cfg) + _swiglu_params(d, cfg.d_ff))
-    total = emb + head + d + mtp + _vision_params(cfg)  # + final norm
+    total = emb + head + d + mtp + _vision_params(cfg) + _audio_params(cfg)  # + final norm
     active = emb + head + d
     routed = []
     for i in subnet.layers:

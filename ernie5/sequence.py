@@ -10,7 +10,11 @@ loss logging and weighting); it never reaches the router.
 
 Conventions:
   * Text and audio: ``t = h = w = running index`` inside the document; each token its own block.
-  * Vision (later): ``t = frame`` and centre-aligned ``(h, w)``; one block per scale of a frame.
+  * Vision: ``t = frame`` and centre-aligned ``(h, w)``; one block per scale of a frame.
+  * Audio: one position per codec frame (all RVQ levels summed into it), causal like text; a
+    generated audio segment starts with one conditioning position (speaker or generic start) and
+    carries Next-Codec-Prediction targets: every position predicts all levels of the next frame,
+    the last frame predicts END.
   * Positions and block ids of a segment are *relative*; :func:`pack` offsets them by the
     document's running counters (``next position = max(t, h, w) + 1`` after a segment).
 """
@@ -56,8 +60,47 @@ class VisionGen:
 
 
 @dataclass
+class AudioSeg:
+    """Codec frames of one audio segment (embedded by the model as the sum of level embeddings)."""
+
+    codes_NQ: torch.Tensor
+    """``(n, Q)`` int64 codec codes of the segment's frames (``n`` may be 0 for a bare start)."""
+    start: bool = False
+    """Prepend one conditioning position (speaker embedding or generic start) that predicts frame 1."""
+    speaker: int = -1
+    """Speaker id of the start position (``-1`` = the generic start)."""
+    targets: bool = False
+    """Carry NCP targets: each position predicts the next frame; the last frame predicts END."""
+    end: bool = True
+    """With ``targets``: the last frame's target is END (False: no target after the last frame)."""
+
+    def __len__(self) -> int:
+        return int(self.codes_NQ.shape[0]) + int(self.start)
+
+
+@dataclass
+class AudioInputs:
+    """The audio parts of a packed batch, in row-major order of their masks."""
+
+    frame_codes_MQ: torch.Tensor | None
+    """Codes of every input frame position."""
+    frame_mask_BT: torch.Tensor | None
+    start_speaker_S: torch.Tensor | None
+    """Speaker id (or -1) of every start position."""
+    start_mask_BT: torch.Tensor | None
+    targets_PQ: torch.Tensor | None = None
+    """NCP targets of every prediction position (``IGNORE`` where none); None at inference."""
+    pred_mask_BT: torch.Tensor | None = None
+    """Positions whose NCP heads run (with targets in training; sampled at inference)."""
+
+    def to(self, device: torch.device | str) -> AudioInputs:
+        """Move every tensor to ``device``."""
+        return AudioInputs(*(None if v is None else v.to(device) for v in self.__dict__.values()))
+
+
+@dataclass
 class Segment:
-    """A run of positions of one modality: exactly one of ``token_ids``, ``embeds``, ``und``, ``gen``."""
+    """A run of positions of one modality: one of ``token_ids``, ``embeds``, ``und``, ``gen`` or ``audio``."""
 
     modality: str
     token_ids: torch.Tensor | None = None
@@ -68,6 +111,8 @@ class Segment:
     """Vision understanding inputs; the model turns them into ``n`` merged embeddings."""
     gen: VisionGen | None = None
     """Vision generation positions (inputs and bit targets)."""
+    audio: AudioSeg | None = None
+    """Audio codec frames (understanding input and/or NCP generation targets)."""
     n_positions: int = 0
     """Length of an ``und`` segment (the merger's group count)."""
     positions: torch.Tensor | None = None
@@ -81,17 +126,19 @@ class Segment:
     def __post_init__(self) -> None:
         if self.modality not in MODALITIES:
             raise ValueError(f"segment modality {self.modality!r} is not one of {MODALITIES}")
-        given = [x is not None for x in (self.token_ids, self.embeds, self.und, self.gen)]
+        given = [x is not None for x in (self.token_ids, self.embeds, self.und, self.gen, self.audio)]
         if sum(given) != 1:
-            raise ValueError("a segment has exactly one of token_ids, embeds, und or gen")
+            raise ValueError("a segment has exactly one of token_ids, embeds, und, gen or audio")
         if self.und is not None and self.n_positions < 1:
             raise ValueError("an understanding segment needs n_positions >= 1")
 
     @property
     def kind(self) -> str:
-        """``ids`` | ``embeds`` | ``und`` | ``gen``."""
+        """``ids`` | ``embeds`` | ``und`` | ``gen`` | ``audio``."""
         if self.token_ids is not None:
             return "ids"
+        if self.audio is not None:
+            return "audio"
         return "embeds" if self.embeds is not None else ("und" if self.und is not None else "gen")
 
     def __len__(self) -> int:
@@ -101,6 +148,8 @@ class Segment:
             return int(self.embeds.shape[0])
         if self.gen is not None:
             return int(self.gen.inputs_PD.shape[0])
+        if self.audio is not None:
+            return len(self.audio)
         return self.n_positions
 
 
@@ -154,6 +203,8 @@ class Batch:
     embed_mask: torch.Tensor | None = None
     vision: VisionInputs | None = None
     """Understanding inputs and generation positions (None for text-only batches)."""
+    audio: AudioInputs | None = None
+    """Codec frames, start positions and NCP targets (None for batches without audio)."""
 
     def model_inputs(self) -> dict:
         """Keyword arguments of ``Ernie5Model.forward``."""
@@ -167,24 +218,26 @@ class Batch:
             "targets_BT": self.targets,
             "loss_weights_BT": self.loss_weights,
             "vision": self.vision,
+            "audio": self.audio,
         }
 
     def to(self, device: torch.device | str) -> Batch:
         """Move every tensor to ``device``."""
         kw = {
-            k: (v.to(device) if isinstance(v, torch.Tensor | VisionInputs) else v)
+            k: (v.to(device) if isinstance(v, torch.Tensor | VisionInputs | AudioInputs) else v)
             for k, v in self.__dict__.items()
         }
         return Batch(**kw)
 
 
-_KIND = {"ids": 0, "embeds": 1, "und": 2, "gen": 3}
+_KIND = {"ids": 0, "embeds": 1, "und": 2, "gen": 3, "audio": 4}
 
 
 def _flatten(doc: list[Segment]) -> dict:
     """Concatenate a document's segments with absolute positions and block ids."""
     ids, pos, blk, mod, lmask, lw, kind = [], [], [], [], [], [], []
     emb, und, gen = [], [], []
+    a_codes, a_start, a_spk, a_tgt = [], [], [], []
     next_pos, next_blk = 0, 0
     for seg in doc:
         n = len(seg)
@@ -203,6 +256,12 @@ def _flatten(doc: list[Segment]) -> dict:
             und.append(seg.und)
         elif k == "gen":
             gen.append(seg.gen)
+        elif k == "audio":
+            c, st, spk, tg = _audio_rows(seg.audio)
+            a_codes.append(c)
+            a_start.append(st)
+            a_spk.append(spk)
+            a_tgt.append(tg)
         mod.append(torch.full((n,), MODALITY_ID[seg.modality], dtype=torch.int8))
         lmask.append(seg.loss_mask if seg.loss_mask is not None else torch.full((n,), k == "ids"))
         lw.append(torch.full((n,), float(seg.loss_weight)))
@@ -217,7 +276,31 @@ def _flatten(doc: list[Segment]) -> dict:
         "emb": emb,
         "und": und,
         "gen": gen,
+        "a_codes": a_codes,
+        "a_start": a_start,
+        "a_spk": a_spk,
+        "a_tgt": a_tgt,
     }
+
+
+def _audio_rows(a: AudioSeg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per position of an audio segment: input codes (-1 at the start), start flag, speaker, targets."""
+    codes = a.codes_NQ.long()
+    n, q = codes.shape
+    s = int(a.start)
+    inp = torch.full((n + s, q), -1, dtype=torch.long)
+    inp[s:] = codes
+    is_start = torch.zeros(n + s, dtype=torch.bool)
+    is_start[:s] = True
+    spk = torch.full((n + s,), -1, dtype=torch.long)
+    spk[:s] = a.speaker
+    tgt = torch.full((n + s, q), IGNORE, dtype=torch.long)
+    if a.targets:
+        # position j predicts frame j+1 of the segment: with a start, row j <- frame j.
+        tgt[: n + s - 1] = codes[1 - s :] if n else tgt[:0]
+        if a.end:
+            tgt[n + s - 1, 0] = -2  # END, resolved to the model's end code in the forward
+    return inp, is_start, spk, tgt
 
 
 def _cat_gen(items: list[VisionGen]) -> VisionGen:
@@ -278,6 +361,7 @@ def pack(
         "kind": torch.zeros(b, seq_len, dtype=torch.int8),
     }
     emb, und, gen = [], [], []
+    a_codes, a_start, a_spk, a_tgt = [], [], [], []
     for r, row in enumerate(rows):
         at = 0
         for d, flat in enumerate(row):
@@ -296,6 +380,10 @@ def pack(
             emb += flat["emb"]
             und += flat["und"]
             gen += flat["gen"]
+            a_codes += flat["a_codes"]
+            a_start += flat["a_start"]
+            a_spk += flat["a_spk"]
+            a_tgt += flat["a_tgt"]
             at += n
         if at < seq_len:  # padding: its own document, one block per position, no loss
             out["blk"][r, at:] = torch.arange(at, seq_len)
@@ -308,6 +396,25 @@ def pack(
             gen=_cat_gen(gen) if gen else None,
             gen_mask_BT=(kind == _KIND["gen"]) if gen else None,
         )
+    audio = None
+    if a_codes:
+        codes, starts, spk, tgt = (torch.cat(x) for x in (a_codes, a_start, a_spk, a_tgt))
+        is_audio = kind == _KIND["audio"]
+        frame_mask = is_audio.clone()
+        frame_mask[is_audio] = ~starts
+        start_mask = is_audio.clone()
+        start_mask[is_audio] = starts
+        has_tgt = (tgt != IGNORE).any(dim=1)
+        pred_mask = is_audio.clone()
+        pred_mask[is_audio] = has_tgt
+        audio = AudioInputs(
+            frame_codes_MQ=codes[~starts] if bool((~starts).any()) else None,
+            frame_mask_BT=frame_mask if bool((~starts).any()) else None,
+            start_speaker_S=spk[starts] if bool(starts.any()) else None,
+            start_mask_BT=start_mask if bool(starts.any()) else None,
+            targets_PQ=tgt[has_tgt] if bool(has_tgt.any()) else None,
+            pred_mask_BT=pred_mask if bool(has_tgt.any()) else None,
+        )
     return Batch(
         input_ids=out["ids"],
         positions=out["pos"],
@@ -319,4 +426,5 @@ def pack(
         embeds=torch.cat(emb) if emb else None,
         embed_mask=(kind == _KIND["embeds"]) if emb else None,
         vision=vision,
+        audio=audio,
     )

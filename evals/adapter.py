@@ -25,13 +25,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ernie5 import audio_docs
 from ernie5.checkpoint import Checkpoint, checkpoint_hash
 from ernie5.generate import generate
+from ernie5.generate_audio import AudioSampling, generate_audio, speech_prompt
 from ernie5.generate_vision import generate_media
 from ernie5.model.elastic import Subnet
 from ernie5.model.model import ModelOutput
 from ernie5.sequence import pack, text_segment
-from ernie5.tokenizers.special import BOS, PAD
+from ernie5.tokenizers.special import BOA, BOS, EOA, PAD
 from ernie5.vision_docs import (
     encode_media,
     media_markers,
@@ -53,6 +55,7 @@ from evals.api import (
     RefineRequest,
     RollingRequest,
     RollingResult,
+    SpeechGenerationRequest,
 )
 
 ADAPTER_VERSION = 1
@@ -225,12 +228,21 @@ class Ernie5EvalModel:
                 raise EvalInputError(
                     f"max_new_tokens={r.max_new_tokens} leaves no room in max_seq_len={self.max_len}"
                 )
-            prompts.append([BOS, *self.tokenizer.encode(self._text(r.context))][-room:])
+            if _has_media(r.context):
+                doc = self._context_segments(r.context)
+                if sum(len(seg) for seg in doc) > room:
+                    raise EvalInputError(
+                        f"a media context of {sum(len(seg) for seg in doc)} positions leaves no room for "
+                        f"{r.max_new_tokens} new tokens in max_seq_len={self.max_len}"
+                    )
+                prompts.append(doc)
+            else:
+                prompts.append([BOS, *self.tokenizer.encode(self._text(r.context))][-room:])
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
             groups.setdefault((r.max_new_tokens, r.temperature, r.seed), []).append(i)
         for (max_new, temperature, seed), members in groups.items():
-            members.sort(key=lambda i: -len(prompts[i]))
+            members.sort(key=lambda i: -_prompt_len(prompts[i]))
             for start in range(0, len(members), self.batch_size):
                 idx = members[start : start + self.batch_size]
                 t0 = time.perf_counter()
@@ -252,11 +264,45 @@ class Ernie5EvalModel:
             )
         return self.ckpt.vision_tokenizer
 
+    def _require_audio(self):
+        if self.ckpt.audio_codec is None or self.model.audio is None:
+            raise EvalInputError(
+                f"{self.ckpt.path}: cannot read or write audio (no audio codec or audio module)"
+            )
+        return self.ckpt.audio_codec
+
+    def _context_segments(self, context: Context) -> list:
+        """BOS, then the context's text and media parts as segments of one document."""
+        segs = [text_segment([BOS])]
+        for p in (context,) if isinstance(context, str) else context:
+            if isinstance(p, MediaPart):
+                segs += self._media_segments(p)
+            elif p:
+                segs.append(text_segment(self.tokenizer.encode(p)))
+        return segs
+
     def _media_segments(self, part: MediaPart) -> list:
-        vt = self._require_vision()
-        clip = part.modality == "video"
+        if part.modality == "audio":
+            codec = self._require_audio()
+            rate = part.meta.get("sample_rate", codec.sample_rate)
+            if rate != codec.sample_rate:
+                raise EvalInputError(
+                    f"audio at {rate} Hz; this checkpoint's codec reads {codec.sample_rate} Hz"
+                )
+            (codes,) = audio_docs.encode_waves(codec, [np.asarray(part.data, dtype=np.float32)])
+            return [
+                text_segment([BOA]),
+                audio_docs.understanding_segment(codes),
+                text_segment([EOA]),
+            ]
         if part.modality not in ("image", "video"):
             raise EvalInputError(f"this checkpoint cannot read {part.modality} inputs")
+        if self.ckpt.vision_tokenizer is None or self.model.vision is None:
+            raise EvalInputError(
+                f"{self.ckpt.path}: cannot read {part.modality} inputs (no vision tokenizer or vision module)"
+            )
+        vt = self.ckpt.vision_tokenizer
+        clip = part.modality == "video"
         pixels = to_pixels(np.asarray(part.data), clip)
         enc = encode_media(vt, pixels, codes=False)
         begin, end = media_markers(pixels.shape[2] if clip else 1)
@@ -305,6 +351,7 @@ class Ernie5EvalModel:
                     doc_ids_BT=batch.doc_ids,
                     block_ids_BT=batch.block_ids,
                     vision=batch.vision,
+                    audio=batch.audio,
                     subnet=self.subnet,
                 )
             self.model_seconds += time.perf_counter() - t
@@ -352,11 +399,55 @@ class Ernie5EvalModel:
         self.last_stats = stats
         return out  # type: ignore[return-value]
 
+    def generate_speech(self, requests: list[SpeechGenerationRequest]) -> list[MediaResult]:
+        """Waveforms for text prompts: Next-Codec Prediction, then the codec's decoder."""
+        codec = self._require_audio()
+        from train.audio_data import speaker_id
+
+        out: list[MediaResult | None] = [None] * len(requests)
+        stats = [(0.0, 0, 0)] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_frames, r.temperature, r.top_k, r.seed), []).append(i)
+        q = self.ckpt.cfg.audio.n_levels
+        n_spk = self.ckpt.cfg.audio.n_speakers
+        for (max_frames, temperature, top_k, seed), idx in groups.items():
+            sampling = AudioSampling(temperature=temperature, top_k=top_k, max_frames=max_frames, seed=seed)
+            for start in range(0, len(idx), self.batch_size):
+                part = idx[start : start + self.batch_size]
+                prompts = []
+                for i in part:
+                    name = requests[i].speaker
+                    spk = speaker_id(name) if name else -1
+                    if name and not 0 <= spk < n_spk:
+                        raise EvalInputError(
+                            f"speaker {name!r} is not one this model knows (the FSDD speakers, "
+                            f"{n_spk} embedding rows)"
+                        )
+                    ids = [BOS, *self.tokenizer.encode(requests[i].prompt)]
+                    prompts.append(speech_prompt([text_segment(ids)], q, spk))
+                t = time.perf_counter()
+                codes = generate_audio(self.model, prompts, sampling, subnet=self.subnet)
+                waves = audio_docs.decode_codes(codec, codes)
+                dt = time.perf_counter() - t
+                self.model_seconds += dt
+                for row, i in enumerate(part):
+                    out[i] = MediaResult(waves[row], len(codes[row]))
+                    stats[i] = (dt / len(part), _prompt_len(prompts[row]), len(codes[row]))
+        self.last_stats = stats
+        return out  # type: ignore[return-value]
+
     def reconstruct(self, requests: list[ReconstructionRequest]) -> list[MediaResult]:
-        """Vision-tokenizer round trips (encode to bits at full depth, decode)."""
-        vt = self._require_vision()
+        """Vision-tokenizer or audio-codec round trips (encode at full depth, decode)."""
         out = []
         for r in requests:
+            if r.media.modality == "audio":
+                codec = self._require_audio()
+                codes = audio_docs.encode_waves(codec, [np.asarray(r.media.data, dtype=np.float32)])
+                wave = audio_docs.decode_codes(codec, codes)[0][: len(r.media.data)]
+                out.append(MediaResult(wave))
+                continue
+            vt = self._require_vision()
             clip = r.media.modality == "video"
             pixels = to_pixels(np.asarray(r.media.data), clip)
             with torch.inference_mode():
@@ -405,6 +496,11 @@ class Ernie5EvalModel:
         )
         self.model_seconds += time.perf_counter() - t
         return new
+
+
+def _prompt_len(prompt: list) -> int:
+    """Positions of a prompt given as token ids or as a document of segments."""
+    return sum(len(s) for s in prompt) if prompt and not isinstance(prompt[0], int) else len(prompt)
 
 
 def _has_media(context: Context) -> bool:

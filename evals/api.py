@@ -11,9 +11,10 @@ adapter turns into segments of the unified sequence. The contracts follow lm-eva
   fits, in windows when the document is longer than the model's context.
 * ``generate``: a continuation of the context, greedy unless ``temperature > 0``, cut at the first
   stop string (the stop string itself is not returned) or after ``max_new_tokens`` tokens.
-* ``generate_media`` (optional): an image or clip for a text prompt; ``reconstruct`` (optional): a
-  vision-tokenizer round trip; ``refine`` (optional): the cascaded refiner's 2x upsampling. All
-  three answer with :class:`MediaResult`.
+* ``generate_media`` (optional): an image or clip for a text prompt; ``generate_speech``
+  (optional): a waveform for a text prompt (Next-Codec Prediction, optionally with a speaker);
+  ``reconstruct`` (optional): a vision-tokenizer or audio-codec round trip; ``refine`` (optional):
+  the cascaded refiner's 2x upsampling. All four answer with :class:`MediaResult`.
 """
 
 from __future__ import annotations
@@ -76,8 +77,22 @@ class MediaGenerationRequest:
 
 
 @dataclass(frozen=True)
+class SpeechGenerationRequest:
+    """Synthesise audio for a text prompt (Next-Codec Prediction); the answer is a float32 waveform."""
+
+    prompt: str
+    speaker: str = ""
+    """A speaker the model was trained with (its speaker embedding conditions the audio); "" = none."""
+    max_frames: int = 64
+    temperature: float = 0.0
+    """Code sampling temperature (0 = argmax)."""
+    top_k: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class ReconstructionRequest:
-    """Round-trip media through the model's vision tokenizer (encode to bits, decode)."""
+    """Round-trip media through the model's vision tokenizer or audio codec (encode, decode)."""
 
     media: MediaPart
 
@@ -97,6 +112,7 @@ Request = (
     | RollingRequest
     | GenerationRequest
     | MediaGenerationRequest
+    | SpeechGenerationRequest
     | ReconstructionRequest
     | RefineRequest
 )
@@ -129,11 +145,12 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class MediaResult:
-    """Answer to a media request: uint8 ``(T, H, W, 3)`` frames (T = 1 for an image)."""
+    """Answer to a media request: uint8 ``(T, H, W, 3)`` frames (T = 1 for an image), or a float32
+    waveform ``(samples,)`` at the codec's sample rate for audio."""
 
     media: Any = field(hash=False, compare=False)
     n_tokens: int = 0
-    """Generated visual tokens (0 for reconstruction and refinement)."""
+    """Generated visual tokens or audio frames (0 for reconstruction and refinement)."""
 
 
 Response = LoglikelihoodResult | RollingResult | GenerationResult | MediaResult
@@ -163,8 +180,10 @@ class EvalModel(Protocol):
 
 MEDIA_METHODS = {
     MediaGenerationRequest: "generate_media",
+    SpeechGenerationRequest: "generate_speech",
     ReconstructionRequest: "reconstruct",
     RefineRequest: "refine",
 }
-"""Optional EvalModel methods for media requests (``generate_media``, ``reconstruct``, ``refine``):
+"""Optional EvalModel methods for media requests (``generate_media``, ``generate_speech``,
+``reconstruct``, ``refine``):
 a model without one answers tasks that need it with a clear error, recorded as an error unit."""

@@ -38,6 +38,7 @@ from evals.api import (
     Response,
     RollingRequest,
     RollingResult,
+    SpeechGenerationRequest,
 )
 
 _KINDS = {
@@ -45,6 +46,7 @@ _KINDS = {
     RollingRequest: "rolling",
     GenerationRequest: "generate",
     MediaGenerationRequest: "generate_media",
+    SpeechGenerationRequest: "generate_speech",
     ReconstructionRequest: "reconstruct",
     RefineRequest: "refine",
 }
@@ -53,6 +55,7 @@ _RESULTS = {
     "rolling": RollingResult,
     "generate": GenerationResult,
     "generate_media": MediaResult,
+    "generate_speech": MediaResult,
     "reconstruct": MediaResult,
     "refine": MediaResult,
 }
@@ -77,7 +80,7 @@ def _encode_response(resp: Response) -> str:
 
 def _decode_response(kind: str, text: str) -> Response:
     obj = json.loads(text)
-    if kind in ("generate_media", "reconstruct", "refine"):
+    if kind in ("generate_media", "generate_speech", "reconstruct", "refine"):
         m = obj["media"]
         arr = np.frombuffer(base64.b64decode(m["b64"]), dtype=m["dtype"]).reshape(m["shape"]).copy()
         return MediaResult(arr, obj.get("n_tokens", 0))
@@ -240,6 +243,9 @@ class CachedModel:
 
     def generate_media(self, requests):  # noqa: D102
         return self._call(requests, "generate_media")
+
+    def generate_speech(self, requests):  # noqa: D102
+        return self._call(requests, "generate_speech")
 
     def reconstruct(self, requests):  # noqa: D102
         return self._call(requests, "reconstruct")

@@ -4,6 +4,7 @@ No I/O, no models, no global state; every random function takes an explicit ``se
 
 * per example: :func:`exact_match`, :func:`choice_accuracy` (``acc`` / ``acc_norm``);
 * aggregate: :func:`mean_stderr`, :func:`bits_per_byte`, :func:`corpus_bits_per_byte`,
+  :func:`corpus_error_rate` (WER/CER from per-utterance :func:`word_errors` / :func:`char_errors`),
   :func:`bootstrap_stderr`;
 * comparing two runs on the same examples (aligned by example id): :func:`paired_bootstrap`,
   :func:`mcnemar`.
@@ -12,6 +13,9 @@ References:
   - lm-eval ``acc_norm``: argmax of the log-likelihood divided by the byte length of the choice text.
   - Paired bootstrap: Koehn (2004), "Statistical Significance Tests for Machine Translation Evaluation";
     the p-value here uses the null-centred bootstrap distribution (Efron & Tibshirani 1993, 16.4).
+  - WER/CER: Levenshtein alignment by jiwer (``process_words`` / ``process_characters``); the corpus
+    rate is total edits over total reference words (characters), as in Seed-TTS-eval and jiwer's own
+    corpus mode, not a mean of per-utterance rates.
   - McNemar (1947); exact binomial test on the discordant pairs when there are fewer than 25,
     chi-square with continuity correction (Edwards 1948) otherwise.
 """
@@ -46,6 +50,8 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "frame_acc": True,
     "direction_acc": True,
     "motion_consistency": True,
+    "snr_db": True,
+    "mel_distance": False,
 }
 """Direction of every metric a task may emit; ``compare`` and ``report`` read it."""
 
@@ -113,6 +119,40 @@ def bits_per_byte(total_nll_nats: float, total_bytes: int) -> float:
 def corpus_bits_per_byte(items: Sequence[tuple[float, int]]) -> float:
     """:func:`bits_per_byte` over per-document ``(nll_nats, n_bytes)`` pairs (sums, not a mean of ratios)."""
     return bits_per_byte(sum(nll for nll, _ in items), sum(n for _, n in items))
+
+
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """``(substitutions + deletions + insertions, reference words)`` of one utterance (both sides
+    already normalised; an empty hypothesis deletes every word)."""
+    import jiwer
+
+    ref = reference.split()
+    if not ref:
+        raise ValueError("word_errors: the reference has no words")
+    if not hypothesis.split():
+        return len(ref), len(ref)
+    o = jiwer.process_words(" ".join(ref), " ".join(hypothesis.split()))
+    return o.substitutions + o.deletions + o.insertions, len(ref)
+
+
+def char_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """``(character edits, reference characters)`` of one utterance, spaces included (jiwer's CER)."""
+    import jiwer
+
+    ref = " ".join(reference.split())
+    if not ref:
+        raise ValueError("char_errors: the reference is empty")
+    hyp = " ".join(hypothesis.split())
+    if not hyp:
+        return len(ref), len(ref)
+    o = jiwer.process_characters(ref, hyp)
+    return o.substitutions + o.deletions + o.insertions, len(ref)
+
+
+def corpus_error_rate(items: Sequence[tuple[int, int]]) -> float:
+    """Corpus WER/CER: total edits over total reference units of per-utterance ``(edits, n)`` pairs."""
+    total = sum(n for _, n in items)
+    return sum(e for e, _ in items) / total if total else 0.0
 
 
 def bootstrap_stderr(fn: Callable[[list[T]], float], items: Sequence[T], seed: int, n: int = 1000) -> float:

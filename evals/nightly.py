@@ -1,10 +1,13 @@
 """``ernie5 nightly``: the main job.
 
-With no arguments, on a fresh machine with no data: train (or reuse cached) a small vision tokenizer
-and a small elastic text+image+video model on the embedded default data — the seeded procedural
-tasks and the procedural shapes world (images and clips), plus real text and MNIST when a data
-root is found — then sweep ``suites/nightly.yaml`` over its sub-models into a run folder and write the
-report (and, with ``--baseline``, the comparison with an earlier run).
+With no arguments, on a fresh machine with no data: train (or reuse cached) the small elastic
+``mini`` model on the embedded default data (the seeded procedural tasks, plus real text when a data
+root is found), then sweep ``suites/nightly.yaml`` over its sub-models into a run folder and write the
+report (and, with ``--baseline``, the comparison with an earlier run). ``mini`` is text-only so
+that the whole job stays within 10 minutes on 2 CPU cores; the suite's vision and audio tasks are
+then recorded as skipped ("the checkpoint has no vision/audio"). ``--checkpoint`` with a multimodal
+model (``nano_mm``, ``nano_all``) runs them. A preset with vision or audio enabled makes this module
+train (and cache) a small vision tokenizer and audio codec first.
 
 The trained model is cached under ``$ERNIE5_CACHE_DIR`` (default ``~/.cache/ernie5``) in a folder
 named by a hash of its run config, the data sources it could open and the package version; a
@@ -69,6 +72,30 @@ def ensure_vision_tokenizer(data_dir: Path | None, quiet: bool = False) -> Path:
     return out / "tokenizer_3d"
 
 
+NIGHTLY_CODEC_STEPS = 3000
+"""Steps of the nightly audio codec (~4 CPU minutes; DTMF round trips need about this many)."""
+
+
+def ensure_audio_codec(data_dir: Path | None, quiet: bool = False) -> Path:
+    """The nightly's frozen audio codec, cached like the model (DTMF always; FSDD when present)."""
+    from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
+
+    cfg = load(AudioCodecTrainConfig, None, [f"steps={NIGHTLY_CODEC_STEPS}"])
+    has_fsdd = data_dir is not None and (Path(data_dir) / "fsdd").is_dir()
+    key = hashlib.sha256(json.dumps([dump(cfg), has_fsdd, __version__]).encode()).hexdigest()[:12]
+    out = cache_root() / "codecs" / f"audio-{key}"
+    if (out / "codec" / "meta.json").is_file():
+        return out / "codec"
+    if not quiet:
+        print(f"nightly: training the audio codec into {out}", file=sys.stderr)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    train_audio_codec(cfg, tmp, data_dir)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # complete or absent: an interrupted training is redone
+    return out / "codec"
+
+
 def ensure_model(data_dir: Path | None, quiet: bool = False) -> Path:
     """A trained nightly model: the cached one for these inputs, or a freshly trained one."""
     from train.config import RunConfig
@@ -79,6 +106,8 @@ def ensure_model(data_dir: Path | None, quiet: bool = False) -> Path:
     base = load(RunConfig, resolve_config_path(NIGHTLY_PRESET))
     if base.model.vision.enabled:
         overrides.append(f"data.vision_tokenizer={ensure_vision_tokenizer(data_dir, quiet)}")
+    if base.model.audio.enabled:
+        overrides.append(f"data.audio_codec={ensure_audio_codec(data_dir, quiet)}")
     cfg = load(RunConfig, resolve_config_path(NIGHTLY_PRESET), overrides)
     sources = open_sources(cfg.data, data_dir, cfg.model.vision.image_size)
     key = hashlib.sha256(

@@ -35,6 +35,7 @@ from evals.api import (
     RefineRequest,
     RollingRequest,
     RollingResult,
+    SpeechGenerationRequest,
 )
 
 DEFAULT_VOCAB = string.digits + string.ascii_lowercase + " "
@@ -109,12 +110,28 @@ class RandomModel:
         return out
 
     def reconstruct(self, requests: list[ReconstructionRequest]) -> list[MediaResult]:
-        """Noise of the input's shape (a tokenizer that learned nothing)."""
+        """Noise of the input's shape (a tokenizer or codec that learned nothing)."""
         out = []
         for r in requests:
+            if r.media.modality == "audio":
+                out.append(MediaResult(self._wave(_context_digest((r.media,)), len(r.media.data))))
+                continue
             frames = _frames(r.media)
             out.append(MediaResult(self._noise(_context_digest((r.media,)), frames.shape)))
         return out
+
+    def generate_speech(self, requests: list[SpeechGenerationRequest]) -> list[MediaResult]:
+        """Quiet Gaussian noise (8 kHz) of a request-dependent length up to ``max_frames`` 40 ms frames."""
+        out = []
+        for r in requests:
+            key = f"speech:{r.prompt}:{r.speaker}:{r.max_frames}:{r.temperature}:{r.top_k}:{r.seed}".encode()
+            n_frames = 1 + self._rng(key).randrange(max(1, r.max_frames))
+            out.append(MediaResult(self._wave(key, n_frames * 320), n_frames))
+        return out
+
+    def _wave(self, key: bytes, n: int) -> np.ndarray:
+        seed = int.from_bytes(hashlib.sha256(str(self.seed).encode() + key).digest()[:8], "big")
+        return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
 
     def refine(self, requests: list[RefineRequest]) -> list[MediaResult]:
         """Nearest-neighbour 2x upsampling (no detail added)."""

@@ -95,8 +95,10 @@ def subnet_identity(s: Subnet) -> list:
 
 
 def model_capabilities(ckpt) -> set[str]:
-    """What a checkpoint can do beyond text: ``vision``, ``refiner``."""
+    """What a checkpoint can do beyond text: ``vision``, ``refiner``, ``audio``."""
     caps = set()
+    if getattr(ckpt, "audio_codec", None) is not None and getattr(ckpt.model, "audio", None) is not None:
+        caps.add("audio")
     if ckpt.vision_tokenizer is not None and ckpt.model.vision is not None:
         caps.add("vision")
     if getattr(ckpt, "refiner", None) is not None:

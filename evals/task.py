@@ -32,7 +32,13 @@ from ernie5.config import ConfigError, from_dict, to_dict
 from ernie5.data.root import DataMissing, require_file
 from ernie5.registry import Registry
 from evals.api import GenerationResult, LoglikelihoodResult, Request, Response, RollingResult
-from evals.metrics import argmax, bootstrap_stderr, corpus_bits_per_byte, mean_stderr
+from evals.metrics import (
+    argmax,
+    bootstrap_stderr,
+    corpus_bits_per_byte,
+    corpus_error_rate,
+    mean_stderr,
+)
 
 Modality = Literal["text", "image", "video", "audio"]
 Capability = Literal["understanding", "generation"]
@@ -41,7 +47,11 @@ Capability = Literal["understanding", "generation"]
 Score = float | tuple[float, ...]
 """A per-example metric value, or the components of a corpus-level metric (``(nll_nats, n_bytes)``)."""
 
-CORPUS_METRICS: dict[str, Callable[[list[Any]], float]] = {"bits_per_byte": corpus_bits_per_byte}
+CORPUS_METRICS: dict[str, Callable[[list[Any]], float]] = {
+    "bits_per_byte": corpus_bits_per_byte,
+    "wer": corpus_error_rate,
+    "cer": corpus_error_rate,
+}
 """Metrics aggregated over the whole corpus from per-example components, with a bootstrap stderr."""
 BOOTSTRAP_ITERS = 1000
 EXCERPT_CHARS = 300
@@ -119,7 +129,8 @@ class Task(ABC):
     how_to_get: ClassVar[str] = ""
     requires: ClassVar[tuple[str, ...]] = ()
     """Model capabilities the task needs beyond text: ``vision`` (a vision tokenizer and module),
-    ``refiner`` (a cascaded refiner). A sweep records the task as skipped on a model without them."""
+    ``refiner`` (a cascaded refiner), ``audio`` (an audio codec and module). A sweep records the
+    task as skipped on a model without them."""
     Options: ClassVar[type] = NoOptions
     """Frozen dataclass of the task's kwargs; ``__post_init__`` checks ranges."""
     fixed: ClassVar[dict[str, Any]] = {}

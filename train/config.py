@@ -106,6 +106,9 @@ class DataConfig:
     """Characters of training text the BPE tokenizer is trained on."""
     vision_tokenizer: str = ""
     """Folder of the frozen vision tokenizer (``ernie5 train-vision-tokenizer``); needed by media sources."""
+    audio_codec: str = ""
+    """Folder of the frozen audio codec (``ernie5 train-audio-codec`` writes DIR/codec); needed by audio
+    sources."""
     refiner: str = ""
     """Folder of a trained cascaded refiner (``ernie5 train-refiner``) shipped in every checkpoint."""
     cfg_dropout: float = 0.1
@@ -163,6 +166,8 @@ class TrainConfig:
     modalities' losses sit on a comparable scale (our reading of the report's posterior weighting)."""
     vision_gen_weight: float = 1.0
     """Weight of the bitwise NFSP generation loss next to the text cross-entropy."""
+    audio_gen_weight: float = 1.0
+    """Weight of the Next-Codec-Prediction loss (mean over levels) next to the text cross-entropy."""
     peak_flops: float = 0.0
     """Peak FLOP/s for the MFU estimate (0 = measure a bf16 matmul at start)."""
 

@@ -24,11 +24,13 @@ from pathlib import Path
 
 import torch
 
+from ernie5 import audio_docs
+from ernie5.audio_docs import encode_waves
 from ernie5.data import procedural
 from ernie5.data import text as text_data
 from ernie5.data.root import DataMissing
 from ernie5.sequence import Batch, Segment, pack, text_segment
-from ernie5.tokenizers.special import BOS, EOS
+from ernie5.tokenizers.special import BOA, BOS, EOA, EOS
 from ernie5.tokenizers.text import TextTokenizer
 from ernie5.vision_docs import (
     encode_media,
@@ -38,6 +40,7 @@ from ernie5.vision_docs import (
     to_pixels,
     understanding_segment,
 )
+from train.audio_data import AudioDoc
 from train.config import DataConfig
 from train.vision_data import MediaDoc
 
@@ -103,21 +106,26 @@ def open_sources(cfg: DataConfig, data_dir: Path | None, image_size: int = 32) -
     """Open every configured source; a source with missing data is skipped with its reason.
 
     Text sources return strings; media sources (``train.vision_data.MEDIA_SOURCES``) return
-    :class:`~train.vision_data.MediaDoc` objects.
+    :class:`~train.vision_data.MediaDoc` objects and audio sources (``train.audio_data.AUDIO_SOURCES``)
+    :class:`~train.audio_data.AudioDoc` objects.
     """
+    from train.audio_data import AUDIO_SOURCES, open_audio_source
     from train.vision_data import MEDIA_SOURCES, open_media_source
 
     names, weights, fns, skipped = [], [], [], {}
-    known = sorted([*SOURCES, *MEDIA_SOURCES])
+    known = sorted([*SOURCES, *MEDIA_SOURCES, *AUDIO_SOURCES])
     for name, w in cfg.sources.items():
-        if name not in SOURCES and name not in MEDIA_SOURCES:
+        if name not in known:
             raise ValueError(f"data.sources: unknown source {name!r} (known: {', '.join(known)})")
         if w <= 0:
             continue
         try:
-            fns.append(
-                SOURCES[name](data_dir) if name in SOURCES else open_media_source(name, data_dir, image_size)
-            )
+            if name in SOURCES:
+                fns.append(SOURCES[name](data_dir))
+            elif name in AUDIO_SOURCES:
+                fns.append(open_audio_source(name, data_dir))
+            else:
+                fns.append(open_media_source(name, data_dir, image_size))
         except DataMissing as e:
             skipped[name] = str(e)
             continue
@@ -147,7 +155,8 @@ class MixtureStream:
 
     Rows are filled with documents in the order they are drawn; a text document is cut to the room
     left in its row, a media document never is (a row it does not fit is closed with padding and the
-    document starts the next row). Media go through the frozen vision tokenizer once per micro-batch.
+    document starts the next row). Media go through the frozen vision tokenizer and audio through the
+    frozen codec once per micro-batch.
     """
 
     def __init__(
@@ -158,6 +167,7 @@ class MixtureStream:
         seed: int,
         vision_tokenizer=None,
         vision_cfg=None,
+        audio_codec=None,
     ) -> None:
         self.cfg = cfg
         self.sources = sources
@@ -165,9 +175,16 @@ class MixtureStream:
         self.seed = seed
         self.vision_tokenizer = vision_tokenizer
         self.vision_cfg = vision_cfg
+        self.audio_codec = audio_codec
 
-    def _media_len(self, doc: MediaDoc, p_ids: list[int], text_ids: list[int]) -> int:
+    def _media_len(self, doc, p_ids: list[int], text_ids: list[int]) -> int:
         from ernie5.model.vision import und_layout
+
+        if isinstance(doc, AudioDoc):
+            frames = max(1, self.audio_codec.n_frames(len(doc.wave)))
+            if doc.kind == "gen":
+                return 1 + len(p_ids) + 1 + 1 + frames + 2
+            return 2 + frames + 1 + len(text_ids) + 1
 
         frames = doc.media.shape[0] if doc.clip else 1
         if doc.kind == "gen":
@@ -188,9 +205,12 @@ class MixtureStream:
                 rows[-1].append(ids)
                 room -= len(ids)
             else:
-                if self.vision_tokenizer is None:
+                if isinstance(doc, AudioDoc):
+                    if self.audio_codec is None:
+                        raise ValueError("audio sources need data.audio_codec and model.audio.enabled")
+                elif self.vision_tokenizer is None:
                     raise ValueError("media sources need data.vision_tokenizer and model.vision.enabled")
-                drop = doc.kind == "gen" and rng.random() < self.cfg.cfg_dropout
+                drop = isinstance(doc, MediaDoc) and doc.kind == "gen" and rng.random() < self.cfg.cfg_dropout
                 p_ids = [] if drop else prompt_ids(self.tokenizer, doc.prompt)
                 text_ids = self.tokenizer.encode(doc.text)
                 n = self._media_len(doc, p_ids, text_ids)
@@ -216,14 +236,28 @@ class MixtureStream:
 
     def _segments(self, docs: list, rng: random.Random) -> list[list[Segment]]:
         """Text id lists and media docs -> segment lists, encoding the media in batched tokenizer calls."""
-        media = [d[0] for d in docs if not isinstance(d, list)]
+        media = [d[0] for d in docs if not isinstance(d, list) and isinstance(d[0], MediaDoc)]
         encoded = self._encode(media, rng) if media else {}
+        audio = [d[0] for d in docs if not isinstance(d, list) and isinstance(d[0], AudioDoc)]
+        if audio:
+            codes = encode_waves(self.audio_codec, [a.wave for a in audio])
+            encoded.update({id(a): c for a, c in zip(audio, codes, strict=True)})
         out = []
         for d in docs:
             if isinstance(d, list):
                 out.append([text_segment(d)])
                 continue
             doc, p_ids, text_ids = d
+            if isinstance(doc, AudioDoc):
+                codes = encoded[id(doc)]
+                if doc.kind == "gen":
+                    seg = audio_docs.generation_segment(codes, doc.speaker)
+                    out.append([text_segment([BOS, *p_ids, BOA]), seg, text_segment([EOA, EOS])])
+                else:
+                    answer = Segment("audio", token_ids=torch.tensor([*text_ids, EOS]))
+                    seg = audio_docs.understanding_segment(codes)
+                    out.append([text_segment([BOS, BOA]), seg, text_segment([EOA], loss=False), answer])
+                continue
             seg = encoded[id(doc)]
             frames = doc.media.shape[0] if doc.clip else 1
             begin, end = media_markers(frames)

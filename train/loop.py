@@ -137,8 +137,10 @@ class Trainer:
             self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
             self.vision_tokenizer = ckpt.vision_tokenizer
             self.refiner = ckpt.refiner
+            self.audio_codec = ckpt.audio_codec
         else:
             self.vision_tokenizer = self._load_vision_tokenizer()
+            self.audio_codec = self._load_audio_codec()
             self.refiner = self._load_refiner()
             if self.dist.main and not tok_path.exists():
                 corpus = tokenizer_corpus(self.sources, cfg.data.tokenizer_chars, cfg.train.seed)
@@ -163,7 +165,13 @@ class Trainer:
             self.start_step = int(state["step"])
             self.balance_ema = dict(state.get("balance_ema", {}))
         self.stream = MixtureStream(
-            cfg.data, self.sources, self.tokenizer, cfg.train.seed, self.vision_tokenizer, cfg.model.vision
+            cfg.data,
+            self.sources,
+            self.tokenizer,
+            cfg.train.seed,
+            self.vision_tokenizer,
+            cfg.model.vision,
+            self.audio_codec,
         )
         self.moe_layers = {i: b.ffn for i, b in enumerate(self.model.layers) if isinstance(b.ffn, MoE)}
         self.precision = MixedPrecision(self.model, cfg.train.dtype)
@@ -188,6 +196,25 @@ class Trainer:
             metrics = self.run_dir / "metrics.jsonl"
             kept = [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step]
             rewrite_jsonl(metrics, kept)
+
+    def _load_audio_codec(self):
+        """The frozen audio codec named by ``data.audio_codec`` (audio models only)."""
+        cfg = self.cfg
+        if not cfg.model.audio.enabled:
+            return None
+        if not cfg.data.audio_codec:
+            raise RunError(
+                "model.audio.enabled needs data.audio_codec (a folder written by ernie5 train-audio-codec)"
+            )
+        from ernie5.checkpoint import check_codec_fits
+        from ernie5.tokenizers.audio_codec import AudioCodec
+
+        try:
+            codec = AudioCodec.load(cfg.data.audio_codec)
+        except (ValueError, OSError) as e:
+            raise RunError(f"data.audio_codec: {str(e).splitlines()[0]}") from None
+        check_codec_fits(codec.cfg, cfg.model, "data.audio_codec", RunError)
+        return codec.eval().requires_grad_(False)
 
     def _load_vision_tokenizer(self):
         """The frozen vision tokenizer named by ``data.vision_tokenizer`` (vision models only)."""
@@ -231,9 +258,10 @@ class Trainer:
 
     # ---------------------------------------------------------------- loop
     def _modality_weights(self) -> dict[str, float]:
-        """Per-modality loss weights (text/image/video/audio cross-entropy and ``vision_gen``, the
-        bitwise generation loss): static weights, times the posterior balance when enabled."""
-        w = {m: self.cfg.train.modality_loss_weights.get(m, 1.0) for m in (*MODALITIES, "vision_gen")}
+        """Per-modality loss weights (text/image/video/audio cross-entropy, ``vision_gen`` the bitwise
+        generation loss, ``audio_gen`` the NCP loss): static weights, times the posterior balance."""
+        keys = (*MODALITIES, "vision_gen", "audio_gen")
+        w = {m: self.cfg.train.modality_loss_weights.get(m, 1.0) for m in keys}
         if self.cfg.train.loss_balance == "posterior" and self.balance_ema:
             ref = sum(self.balance_ema.values()) / len(self.balance_ema)
             for m, ema in self.balance_ema.items():
@@ -262,6 +290,8 @@ class Trainer:
             total = total + out.aux_loss
         if out.vision_loss is not None:
             total = total + cfg.train.vision_gen_weight * weights.get("vision_gen", 1.0) * out.vision_loss
+        if out.audio_loss is not None:
+            total = total + cfg.train.audio_gen_weight * weights.get("audio_gen", 1.0) * out.audio_loss
         (total / cfg.train.grad_accum).backward()
         self.precision.accumulate_grads()
         with torch.no_grad():
@@ -282,6 +312,8 @@ class Trainer:
             "mtp": float(mtp.detach()) if mtp is not None else None,
             "aux": float(out.aux_loss.detach()) if out.aux_loss is not None else None,
             "vision_gen": float(out.vision_loss.detach()) if out.vision_loss is not None else None,
+            "audio_gen": float(out.audio_loss.detach()) if out.audio_loss is not None else None,
+            "audio_levels": [float(x.detach()) for x in out.audio_level_losses],
             "per_mod": per_mod,
             "dims": dims,
             "counts": counts,
@@ -354,6 +386,7 @@ class Trainer:
             train_state=(self.optimizer, tensors, state),
             vision_tokenizer=self.vision_tokenizer,
             refiner=self.refiner,
+            audio_codec=self.audio_codec,
         )
         for old in checkpoint_dirs(self.run_dir)[: -self.cfg.train.keep_ckpts]:
             shutil.rmtree(old, ignore_errors=True)
@@ -409,8 +442,9 @@ class Trainer:
     def _update_balance(self, micros: list[dict]) -> None:
         for m in micros:
             items = dict(m["per_mod"])
-            if m["vision_gen"] is not None:
-                items["vision_gen"] = m["vision_gen"]
+            for key in ("vision_gen", "audio_gen"):
+                if m.get(key) is not None:
+                    items[key] = m[key]
             for mod, v in items.items():
                 old = self.balance_ema.get(mod)
                 self.balance_ema[mod] = v if old is None else 0.98 * old + 0.02 * v
@@ -439,6 +473,11 @@ class Trainer:
         gens = [m["vision_gen"] for m in micros if m["vision_gen"] is not None]
         if gens:
             rec["loss_vision_gen"] = sum(gens) / len(gens)
+        agens = [m for m in micros if m.get("audio_gen") is not None]
+        if agens:
+            rec["loss_audio_gen"] = sum(m["audio_gen"] for m in agens) / len(agens)
+            levels = [m["audio_levels"] for m in agens]
+            rec["loss_audio_levels"] = [sum(x) / len(levels) for x in zip(*levels, strict=True)]
         for mod in MODALITIES:
             vals = [m["per_mod"][mod] for m in micros if mod in m["per_mod"]]
             if vals:

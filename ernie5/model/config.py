@@ -128,6 +128,37 @@ class VisionConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class AudioConfig:
+    """Audio in the backbone: summed RVQ-level input embeddings and Next-Codec Prediction heads."""
+
+    enabled: bool = False
+    """Build the audio input embeddings and the NCP heads."""
+    n_levels: int = 4
+    """Q: RVQ levels of the codec (one NCP head per level, in the top Q kept layers)."""
+    codebook_size: int = 256
+    """K: codes per level (level 1 predicts one extra code, END, that closes an audio segment)."""
+    n_speakers: int = 8
+    """Rows of the speaker-embedding table (the TTS conditioning context)."""
+    level_weights: tuple[float, ...] = ()
+    """Per-level weights of the NCP loss; empty = all 1."""
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.n_levels <= 16, f"n_levels={self.n_levels} must be in [1, 16]")
+        _check(self.codebook_size >= 2, f"codebook_size={self.codebook_size} must be >= 2")
+        _check(self.n_speakers >= 1, f"n_speakers={self.n_speakers} must be >= 1")
+        _check(
+            not self.level_weights
+            or (len(self.level_weights) == self.n_levels and all(w >= 0 for w in self.level_weights)),
+            f"level_weights={list(self.level_weights)} must be empty or {self.n_levels} weights >= 0",
+        )
+
+    @property
+    def end_code(self) -> int:
+        """The level-1 code that ends an audio segment."""
+        return self.codebook_size
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     """The unified decoder-only backbone."""
 
@@ -169,6 +200,8 @@ class ModelConfig:
     """Multi-token prediction settings."""
     vision: VisionConfig = field(default_factory=VisionConfig)
     """Image/video inputs and outputs (off unless ``vision.enabled``)."""
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    """Speech/audio inputs and outputs (off unless ``audio.enabled``)."""
 
     def __post_init__(self) -> None:
         _check(self.vocab_size >= 16, f"vocab_size={self.vocab_size} must be >= 16")
@@ -200,6 +233,11 @@ class ModelConfig:
             f"n_dense_layers={self.n_dense_layers} must be in [0, n_layers={self.n_layers}]",
         )
         _check(self.d_ff >= 1, f"d_ff={self.d_ff} must be >= 1")
+        _check(
+            not self.audio.enabled or self.audio.n_levels <= self.n_layers,
+            f"audio.n_levels={self.audio.n_levels} must be <= n_layers={self.n_layers} "
+            "(one NCP head per top layer)",
+        )
 
     @property
     def dim_head(self) -> int:

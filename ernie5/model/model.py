@@ -29,11 +29,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ernie5.model.attention import Attention
+from ernie5.model.audio import AudioModule
 from ernie5.model.config import ModelConfig
 from ernie5.model.elastic import Subnet
 
 if TYPE_CHECKING:
-    from ernie5.sequence import VisionInputs
+    from collections.abc import Callable
+
+    from ernie5.sequence import AudioInputs, VisionInputs
 from ernie5.model.kv_cache import KVCache
 from ernie5.model.mask import AttnMask, build_mask
 from ernie5.model.moe import MoE, RouterOutput, SwiGLU
@@ -65,6 +68,14 @@ class ModelOutput:
     """Weighted bitwise BCE of the NFSP generation positions (when they carry targets)."""
     bit_logits_PD: torch.Tensor | None = None
     """Bit logits of every NFSP generation position, in row-major order."""
+    audio_loss: torch.Tensor | None = None
+    """Weighted mean NCP cross-entropy over levels (when the audio positions carry targets)."""
+    audio_level_losses: list[torch.Tensor] = field(default_factory=list)
+    """Mean NCP cross-entropy of each level (for logging)."""
+    audio_logits: list[torch.Tensor] = field(default_factory=list)
+    """Per level, ``(P, K[+1])`` logits of every NCP prediction position, in row-major order."""
+    audio_codes_PQ: torch.Tensor | None = None
+    """The codes fed between layers at every prediction position (targets, or sampled)."""
 
 
 @dataclass
@@ -135,6 +146,7 @@ class Ernie5Model(nn.Module):
             self.head.weight = self.tok_emb.weight
         self.mtp = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.mtp.n_depth))
         self.vision = VisionModule(cfg.vision, cfg.d_model) if cfg.vision.enabled else None
+        self.audio = AudioModule(cfg.audio, cfg.d_model, cfg.norm_eps) if cfg.audio.enabled else None
         self.register_buffer("inv_freq", inv_frequencies(cfg.dim_head, cfg.rope_theta), persistent=False)
         if not any(p.is_meta for p in self.parameters()):
             self.reset_parameters()
@@ -191,9 +203,11 @@ class Ernie5Model(nn.Module):
         input_embeds_MD: torch.Tensor | None = None,
         embed_mask_BT: torch.Tensor | None = None,
         vision: VisionInputs | None = None,
+        audio: AudioInputs | None = None,
     ) -> torch.Tensor:
         """Text embeddings, with continuous inputs placed where their masks say: precomputed
-        embeddings, merged vision-understanding features, and NFSP generation inputs."""
+        embeddings, merged vision-understanding features, NFSP generation inputs, summed codec
+        frames and audio start/speaker positions."""
         x_BTD = self.tok_emb(input_ids_BT.clamp_min(0))
         if input_embeds_MD is not None:
             x_BTD = x_BTD.masked_scatter(embed_mask_BT[..., None], input_embeds_MD.to(x_BTD.dtype))
@@ -212,6 +226,15 @@ class Ernie5Model(nn.Module):
                 g = vision.gen
                 gen = self.vision.generation_embeds(g.inputs_PD, g.scale_P, g.start_P, g.cell_P)
                 x_BTD = x_BTD.masked_scatter(vision.gen_mask_BT[..., None], gen.to(x_BTD.dtype))
+        if audio is not None:
+            if self.audio is None:
+                raise ValueError("this model has no audio module (model.audio.enabled is false)")
+            if audio.frame_codes_MQ is not None:
+                fr = self.audio.frame_embeds(audio.frame_codes_MQ)
+                x_BTD = x_BTD.masked_scatter(audio.frame_mask_BT[..., None], fr.to(x_BTD.dtype))
+            if audio.start_speaker_S is not None:
+                st = self.audio.start_embeds(audio.start_speaker_S)
+                x_BTD = x_BTD.masked_scatter(audio.start_mask_BT[..., None], st.to(x_BTD.dtype))
         return x_BTD
 
     # ------------------------------------------------------------------ forward
@@ -232,6 +255,8 @@ class Ernie5Model(nn.Module):
         return_logits: bool = True,
         dispatch: str | None = None,
         vision: VisionInputs | None = None,
+        audio: AudioInputs | None = None,
+        audio_sampler: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> ModelOutput:
         """Run the (sub-)model on a packed batch.
 
@@ -250,6 +275,10 @@ class Ernie5Model(nn.Module):
             dispatch: MoE expert path override (``loop`` for the naive reference).
             vision: vision-understanding inputs and NFSP generation positions (with bit targets in
                 training); their bit logits and loss come back in the output.
+            audio: codec frames, start positions and NCP prediction positions (with targets in
+                training: teacher forcing; their logits and loss come back in the output).
+            audio_sampler: at inference, ``(level, logits_PK) -> codes_P`` picks each level's code
+                at the NCP positions; it is added to the hidden state before the next layer.
         """
         b, t = input_ids_BT.shape
         device = input_ids_BT.device
@@ -263,7 +292,10 @@ class Ernie5Model(nn.Module):
         subnet = subnet or Subnet.full(self.cfg)
         ctx = self._context(positions_3BT, doc_ids_BT, block_ids_BT, cache)
 
-        x_BTD = self.embed(input_ids_BT, input_embeds_MD, embed_mask_BT, vision)
+        x_BTD = self.embed(input_ids_BT, input_embeds_MD, embed_mask_BT, vision, audio)
+        ncp = self._ncp_plan(subnet, audio, audio_sampler)
+        ncp_codes: list[torch.Tensor] = []
+        out = ModelOutput(hidden_BTD=x_BTD)
         routing: dict[int, RouterOutput] = {}
         aux = []
         n_exp = self.cfg.moe.n_experts
@@ -273,10 +305,12 @@ class Ernie5Model(nn.Module):
             if r is not None:
                 routing[i] = r
                 aux += [l for l in (r.aux_loss, r.z_loss) if l is not None]
+            for level in ncp.get(i, ()):
+                x_BTD = self._ncp_level(level, x_BTD, audio, audio_sampler, out, ncp_codes)
         if cache is not None:
             cache.commit()
 
-        out = ModelOutput(hidden_BTD=x_BTD, routing=routing)
+        out.hidden_BTD, out.routing = x_BTD, routing
         out.aux_loss = torch.stack(aux).sum() if aux else None
         if return_logits or targets_BT is not None:
             out.logits_BTV = self.head(self.norm(x_BTD))
@@ -293,7 +327,59 @@ class Ernie5Model(nn.Module):
                 )
                 w = g.weights_P if g.weights_P is not None else torch.ones_like(bce[:, 0])
                 out.vision_loss = (bce.mean(dim=-1) * w).sum() / w.sum().clamp_min(1e-6)
+        if out.audio_level_losses:
+            ac = self.cfg.audio
+            w = ac.level_weights or (1.0,) * ac.n_levels
+            out.audio_loss = sum(wq * lq for wq, lq in zip(w, out.audio_level_losses, strict=True)) / sum(w)
+        if out.audio_logits:
+            out.audio_codes_PQ = torch.stack(ncp_codes, dim=1)
         return out
+
+    # ------------------------------------------------------------------ Next-Codec Prediction
+    def _ncp_plan(
+        self, subnet: Subnet, audio: AudioInputs | None, sampler: Callable | None
+    ) -> dict[int, list[int]]:
+        """Layer index -> audio levels whose heads read that layer's output: level q on the
+        ``(L - Q + q)``-th of the L kept layers; a subnet with fewer than Q layers stacks the first
+        levels on its first layer (each level's code is still added before the next head)."""
+        if audio is None or audio.pred_mask_BT is None:
+            return {}
+        if audio.targets_PQ is None and sampler is None:
+            raise ValueError("NCP positions need targets (training) or an audio_sampler (inference)")
+        q, kept = self.cfg.audio.n_levels, list(subnet.layers)
+        plan: dict[int, list[int]] = {}
+        for level in range(q):
+            plan.setdefault(kept[max(0, len(kept) - q + level)], []).append(level)
+        return plan
+
+    def _ncp_level(
+        self,
+        level: int,
+        x_BTD: torch.Tensor,
+        audio: AudioInputs,
+        sampler: Callable | None,
+        out: ModelOutput,
+        codes_out: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Run level ``level``'s head at the NCP positions and add its code's embedding."""
+        mask = audio.pred_mask_BT
+        h_PD = x_BTD[mask]
+        logits = self.audio.logits(level, h_PD).float()
+        out.audio_logits.append(logits)
+        if audio.targets_PQ is not None:
+            tgt = audio.targets_PQ[:, level]
+            if level == 0:
+                tgt = torch.where(tgt == -2, torch.full_like(tgt, self.cfg.audio.end_code), tgt)
+            valid = tgt >= 0
+            ce = F.cross_entropy(logits, tgt.clamp_min(0), reduction="none")
+            out.audio_level_losses.append((ce * valid).sum() / valid.sum().clamp_min(1))
+            codes = torch.where(valid, tgt, torch.full_like(tgt, -1))
+        else:
+            codes = sampler(level, logits).long()
+        codes_out.append(codes)
+        if level < self.cfg.audio.n_levels - 1:
+            x_BTD = x_BTD.masked_scatter(mask[..., None], self.audio.add_code(level, h_PD, codes))
+        return x_BTD
 
     def _mtp_losses(self, h_BTD, input_ids_BT, targets_BT, ctx, loss_weights_BT) -> list[torch.Tensor]:
         losses = []

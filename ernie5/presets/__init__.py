@@ -1,4 +1,6 @@
-"""Shipped run presets (YAML): ``micro`` (tests), ``nano`` (CPU reference), ``paper`` (meta only)."""
+"""Shipped run presets (YAML): ``micro`` (tests), ``mini`` (the main job), ``nano`` (CPU reference),
+``nano_mm`` (nano + images and clips), ``nano_all`` (nano + images, clips and audio), ``paper``
+(meta device only)."""
 
 from __future__ import annotations
 

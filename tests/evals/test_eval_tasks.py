@@ -22,6 +22,7 @@ from evals.api import (
     RefineRequest,
     RollingRequest,
     RollingResult,
+    SpeechGenerationRequest,
 )
 from evals.metrics import HIGHER_IS_BETTER
 from evals.random_model import RandomModel
@@ -35,6 +36,7 @@ REQUEST_TYPES = (
     MediaGenerationRequest,
     ReconstructionRequest,
     RefineRequest,
+    SpeechGenerationRequest,
 )
 
 
@@ -160,8 +162,12 @@ def test_requests_are_valid(name, request):
                 assert r.context and r.continuation.startswith(" ")
             elif isinstance(r, MediaGenerationRequest):
                 assert r.prompt and r.n_frames >= 1
+            elif isinstance(r, SpeechGenerationRequest):
+                assert r.prompt and r.max_frames >= 1
             elif isinstance(r, ReconstructionRequest | RefineRequest):
-                assert isinstance(r.media, MediaPart) and r.media.data.dtype.name == "uint8"
+                assert isinstance(r.media, MediaPart)
+                want = "float32" if r.media.modality == "audio" else "uint8"
+                assert r.media.data.dtype.name == want
             else:
                 assert r.text
         if example.choices:
@@ -201,7 +207,11 @@ def test_a_perfect_answer_gets_full_marks(name, request):
                 LoglikelihoodResult(0.0 if i == example.gold else -50.0, i == example.gold, 1)
                 for i in range(len(reqs))
             ]
-        assert all(v == 1.0 for v in task.score(example, responses).values()), example.id
+        for metric, v in task.score(example, responses).items():
+            if isinstance(v, tuple):  # corpus error components (edits, reference units)
+                assert v[0] == 0 and v[1] > 0, (example.id, metric)
+            else:
+                assert v == (1.0 if HIGHER_IS_BETTER[metric] else 0.0), (example.id, metric)
 
 
 @pytest.mark.parametrize("name", ALL_TASKS)

@@ -221,7 +221,7 @@ def test_subnet_outside_the_model_is_an_error(micro_ckpt, tmp_path):
 
 
 def test_shipped_suites_load():
-    for name in ("smoke", "nightly", "full"):
+    for name in ("smoke", "nightly", "full", "multimodal"):
         assert load_suite(name).cfg.tasks
 
 

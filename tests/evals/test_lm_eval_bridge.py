@@ -85,8 +85,9 @@ def toy_tasks(tmp_path_factory) -> Path:
     """A local multiple-choice task over a jsonl, with an absolute data_files path."""
     root = tmp_path_factory.mktemp("toy")
     data = root / "toy.jsonl"
-    rows = [{"q": f"{i}+{i}=", "choices": [str(2 * i), str(2 * i + 1), str(i)], "label": 0}
-            for i in range(N_DOCS)]
+    rows = [
+        {"q": f"{i}+{i}=", "choices": [str(2 * i), str(2 * i + 1), str(i)], "label": 0} for i in range(N_DOCS)
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "tasks").mkdir()
     (root / "tasks" / "toy_mc.yaml").write_text(TOY_YAML.format(data=data))
@@ -100,8 +101,12 @@ def _instance(kind: str, args: tuple, idx: int = 0) -> Instance:
 def test_simple_evaluate_on_a_local_task(eval_model, toy_tasks):
     tm = TaskManager(include_path=str(toy_tasks), include_defaults=False)
     out = simple_evaluate(
-        model=Ernie5LM.from_eval_model(eval_model), tasks=["toy_mc"], task_manager=tm, log_samples=True,
-        evaluation_tracker=EvaluationTracker(), bootstrap_iters=0,
+        model=Ernie5LM.from_eval_model(eval_model),
+        tasks=["toy_mc"],
+        task_manager=tm,
+        log_samples=True,
+        evaluation_tracker=EvaluationTracker(),
+        bootstrap_iters=0,
     )
     acc = float(out["results"]["toy_mc"]["acc,none"])
     assert 0.0 <= acc <= 1.0
@@ -119,15 +124,26 @@ def test_requests_map_to_the_adapter_in_order(eval_model):
     text = "to be or not to be"
     (roll,) = lm.loglikelihood_rolling([_instance("loglikelihood_rolling", (text,))])
     assert roll == pytest.approx(eval_model.loglikelihood_rolling([RollingRequest(text)])[0].logprob)
-    gens = lm.generate_until([
-        _instance("generate_until", ("Q: 2+2=\nA:", {"until": "\n", "max_gen_toks": 5, "do_sample": False})),
-        _instance("generate_until", ("Q: 5+5=\nA:", {"until": ["Q:", "\n"], "max_gen_toks": 8,
-                                                     "do_sample": True, "temperature": 0})),
-    ])
-    want_gen = eval_model.generate([
-        GenerationRequest("Q: 2+2=\nA:", max_new_tokens=5, stop=("\n",)),
-        GenerationRequest("Q: 5+5=\nA:", max_new_tokens=8, stop=("Q:", "\n")),
-    ])
+    gens = lm.generate_until(
+        [
+            _instance(
+                "generate_until", ("Q: 2+2=\nA:", {"until": "\n", "max_gen_toks": 5, "do_sample": False})
+            ),
+            _instance(
+                "generate_until",
+                (
+                    "Q: 5+5=\nA:",
+                    {"until": ["Q:", "\n"], "max_gen_toks": 8, "do_sample": True, "temperature": 0},
+                ),
+            ),
+        ]
+    )
+    want_gen = eval_model.generate(
+        [
+            GenerationRequest("Q: 2+2=\nA:", max_new_tokens=5, stop=("\n",)),
+            GenerationRequest("Q: 5+5=\nA:", max_new_tokens=8, stop=("Q:", "\n")),
+        ]
+    )
     assert gens == [w.text for w in want_gen] and all("\n" not in g for g in gens)
     req = lm._gen_request(("x", {"max_gen_toks": 10_000, "do_sample": True, "temperature": 0.7}))
     assert req.max_new_tokens < eval_model.max_len and req.temperature == 0.7
@@ -137,10 +153,21 @@ def test_requests_map_to_the_adapter_in_order(eval_model):
 
 def test_cli_writes_results_with_the_subnet_info(run_dir, toy_tasks, tmp_path):
     out = tmp_path / "out"
-    rc = run_lm_eval_cli([
-        "--model", "ernie5", "--model_args", f"checkpoint={run_dir},subnet=k1", "--tasks", "toy_mc",
-        "--include_path", str(toy_tasks), "--output_path", str(out), "--log_samples",
-    ])
+    rc = run_lm_eval_cli(
+        [
+            "--model",
+            "ernie5",
+            "--model_args",
+            f"checkpoint={run_dir},subnet=k1",
+            "--tasks",
+            "toy_mc",
+            "--include_path",
+            str(toy_tasks),
+            "--output_path",
+            str(out),
+            "--log_samples",
+        ]
+    )
     assert rc == 0
     (results,) = out.rglob("results_*.json")
     cfg = json.loads(results.read_text())["config"]
@@ -171,8 +198,17 @@ def test_subnets_answer_differently_and_our_cache_keeps_them_apart(run_dir, tmp_
 def test_use_cache_is_refused_on_the_cli(run_dir, tmp_path, capsys, form):
     cache = tmp_path / "lm_cache"
     flag = "--use_cache" if form else "-c"
-    argv = [*form, "--model", "ernie5", "--model_args", f"checkpoint={run_dir}", "--tasks", "toy_mc",
-            flag, str(cache)]
+    argv = [
+        *form,
+        "--model",
+        "ernie5",
+        "--model_args",
+        f"checkpoint={run_dir}",
+        "--tasks",
+        "toy_mc",
+        flag,
+        str(cache),
+    ]
     assert run_lm_eval_cli(argv) == 2
     assert "--use_cache" in capsys.readouterr().err and not list(tmp_path.glob("lm_cache*"))
 
@@ -189,8 +225,12 @@ def test_device_variant_of_the_adapter_answers_the_same(eval_model):
 def test_use_cache_is_refused_in_python(eval_model, toy_tasks, tmp_path):
     tm = TaskManager(include_path=str(toy_tasks), include_defaults=False)
     with pytest.raises(ValueError, match="use_cache"):
-        simple_evaluate(model=Ernie5LM.from_eval_model(eval_model), tasks=["toy_mc"], task_manager=tm,
-                        use_cache=str(tmp_path / "c"))
+        simple_evaluate(
+            model=Ernie5LM.from_eval_model(eval_model),
+            tasks=["toy_mc"],
+            task_manager=tm,
+            use_cache=str(tmp_path / "c"),
+        )
 
 
 def test_shipped_arc_task_as_a_suite_unit(eval_model, data_root, tmp_path):

@@ -82,8 +82,13 @@ def test_block_causal_mask_in_the_model(vtok):
 
     def hidden(b):
         with torch.no_grad():
-            return m(b.input_ids, positions_3BT=b.positions, doc_ids_BT=b.doc_ids, block_ids_BT=b.block_ids,
-                     vision=b.vision).hidden_BTD[0]
+            return m(
+                b.input_ids,
+                positions_3BT=b.positions,
+                doc_ids_BT=b.doc_ids,
+                block_ids_BT=b.block_ids,
+                vision=b.vision,
+            ).hidden_BTD[0]
 
     base = hidden(batch)
     gen_pos = batch.vision.gen_mask_BT[0].nonzero().flatten()

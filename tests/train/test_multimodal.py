@@ -24,13 +24,29 @@ def vtok_dir(tmp_path_factory):
 
 
 def _cfg(vtok_dir, *extra: str) -> RunConfig:
-    return load(RunConfig, resolve_config_path("micro"), [
-        "model.max_seq_len=512", "data.seq_len=512", "data.batch_size=2", "data.tokenizer_chars=20000",
-        "model.vision.enabled=true", "model.vision.cnn_channels=16", "model.vision.latent_bits=6",
-        "model.vision.vit_dim=16", "model.vision.vit_layers=1", "model.vision.vit_heads=2",
-        "data.sources={procedural: 0.3, shapes: 0.5, moving_shapes: 0.2}", f"data.vision_tokenizer={vtok_dir}",
-        "train.steps=8", "train.log_every=1", "train.ckpt_every=4", "train.loss_balance=posterior", *extra,
-    ])
+    return load(
+        RunConfig,
+        resolve_config_path("micro"),
+        [
+            "model.max_seq_len=512",
+            "data.seq_len=512",
+            "data.batch_size=2",
+            "data.tokenizer_chars=20000",
+            "model.vision.enabled=true",
+            "model.vision.cnn_channels=16",
+            "model.vision.latent_bits=6",
+            "model.vision.vit_dim=16",
+            "model.vision.vit_layers=1",
+            "model.vision.vit_heads=2",
+            "data.sources={procedural: 0.3, shapes: 0.5, moving_shapes: 0.2}",
+            f"data.vision_tokenizer={vtok_dir}",
+            "train.steps=8",
+            "train.log_every=1",
+            "train.ckpt_every=4",
+            "train.loss_balance=posterior",
+            *extra,
+        ],
+    )
 
 
 def test_text_image_video_training_runs_and_resumes(vtok_dir, tmp_path):
@@ -58,3 +74,62 @@ def test_media_sources_need_a_vision_tokenizer(vtok_dir, tmp_path):
         pretrain(_cfg(vtok_dir, "data.vision_tokenizer=''"), tmp_path / "x", quiet=True)
     with pytest.raises(RunError, match="does not fit"):
         pretrain(_cfg(vtok_dir, "model.vision.latent_bits=8"), tmp_path / "y", quiet=True)
+
+
+@pytest.fixture(scope="module")
+def codec_dir(tmp_path_factory):
+    from ernie5.tokenizers.audio_codec import AudioCodec
+    from ernie5.tokenizers.audio_config import AudioCodecConfig
+
+    torch.manual_seed(0)
+    cfg = AudioCodecConfig(channels=4, max_channels=16, latent_dim=8, n_levels=2, codebook_size=16)
+    return AudioCodec(cfg).save(tmp_path_factory.mktemp("codec") / "codec")
+
+
+def _audio_cfg(codec_dir, *extra: str) -> RunConfig:
+    return load(
+        RunConfig,
+        resolve_config_path("micro"),
+        [
+            "model.max_seq_len=256",
+            "data.seq_len=256",
+            "data.batch_size=2",
+            "data.tokenizer_chars=20000",
+            "model.audio.enabled=true",
+            "model.audio.n_levels=2",
+            "model.audio.codebook_size=16",
+            "data.sources={procedural: 0.4, dtmf: 0.6}",
+            f"data.audio_codec={codec_dir}",
+            "train.steps=6",
+            "train.log_every=1",
+            "train.ckpt_every=3",
+            "train.loss_balance=posterior",
+            *extra,
+        ],
+    )
+
+
+def test_text_and_audio_training_runs_resumes_and_ships_the_codec(codec_dir, tmp_path):
+    out = tmp_path / "run"
+    pretrain(_audio_cfg(codec_dir), out, quiet=True)
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("loss_audio_gen" in r for r in recs) and any("loss_audio" in r for r in recs)
+    assert all(len(r["loss_audio_levels"]) == 2 for r in recs if "loss_audio_gen" in r)
+    ckpt = load_checkpoint(checkpoint_dirs(out)[-1])
+    assert ckpt.audio_codec is not None and ckpt.model.audio is not None
+    import shutil
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000006")
+    pretrain(_audio_cfg(codec_dir), resumed, resume=True, quiet=True)
+    a = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x)["loss"] for x in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert a == b
+
+
+def test_audio_sources_need_a_fitting_codec(codec_dir, tmp_path):
+    with pytest.raises(RunError, match="data.audio_codec"):
+        pretrain(_audio_cfg(codec_dir, "data.audio_codec=''"), tmp_path / "x", quiet=True)
+    with pytest.raises(RunError, match="does not fit"):
+        pretrain(_audio_cfg(codec_dir, "model.audio.codebook_size=32"), tmp_path / "y", quiet=True)

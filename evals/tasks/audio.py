@@ -1,0 +1,461 @@
+"""Audio tasks: recognition (ASR), spoken-digit and speaker understanding, synthesis (TTS) judged by a
+recogniser, and the codec's reconstruction quality.
+
+Layouts are the pretraining mixture's (``train.audio_data``):
+  * ASR: ``BOA <audio> EOA Transcript:`` then greedy generation up to a newline. Hypothesis and
+    reference go through the one fixed normaliser (``ernie5.data.audio.normalize_text``); the metrics
+    are corpus-level WER and CER (total edits over total reference words/characters, jiwer
+    alignment) and the fraction of utterances transcribed exactly.
+  * Understanding: ``BOA <audio> EOA Question: Which digit is spoken?\\nAnswer:`` (or ``Who is
+    speaking?``), every choice scored by log-likelihood; ``acc``.
+  * TTS: ``Say: seven three.`` (with the speaker's embedding) or ``Dial: five star.`` -> Next-Codec
+    Prediction -> codec decoder -> a judge transcribes the waveform: the project's reference
+    recogniser (``evals.audio_judges``, a CTC model trained on the FSDD train split; its version and
+    held-out WER are in every sample record), or the exact Goertzel decoder for keypad tones, as
+    Seed-TTS-eval does with Whisper. WER/CER against the prompt's words.
+  * Codec: round trip through the checkpoint's codec; SNR (dB) and log-mel L1 distance.
+
+Data: DTMF tasks are generated with a seed (always available: what the main job runs on a fresh
+machine). FSDD tasks use the standard **test** split (recordings 0-4 of each speaker and digit; the
+pretraining mixture and the judge train on 5-49); multi-digit utterances are test recordings of one
+speaker joined with short silences. ``ljspeech_mini`` (32 sentences) is a sentence-level codec check.
+
+Chance levels: ``spoken_digit_qa`` 10 %, ``speaker_id`` 20 %; a model that outputs nothing has WER 1.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ernie5.data.audio import (
+    DIGIT_WORDS,
+    FSDD_DIR,
+    FSDD_HOW_TO_GET,
+    FSDD_SPEAKERS,
+    FSDD_TEST_INDICES,
+    LJSPEECH_HOW_TO_GET,
+    LJSPEECH_METADATA,
+    SAMPLE_RATE,
+    fsdd_sequences,
+    fsdd_utterances,
+    ljspeech_utterances,
+    normalize_text,
+)
+from ernie5.data.dtmf import DTMF_KEYS, dtmf_utterance
+from evals.api import (
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    MediaPart,
+    MediaResult,
+    ReconstructionRequest,
+    Request,
+    Response,
+    SpeechGenerationRequest,
+)
+from evals.metrics import char_errors, choice_accuracy, word_errors
+from evals.task import TASKS, Example, Score, Task
+from train.audio_data import (
+    DIGIT_SPOKEN_QUESTION,
+    SPEAKER_QUESTION,
+    TRANSCRIPT_PREFIX,
+    dial_prompt,
+    say_prompt,
+)
+
+GENERATED = "nothing to get: keypad tones are generated from the seed"
+FRAME_RATE = 25.0
+"""Codec frames per second assumed when sizing a TTS request's frame budget."""
+
+
+def _fsdd_test_files() -> tuple[str, ...]:
+    return tuple(
+        f"{FSDD_DIR}/{d}_{spk}_{i}.wav" for d in range(10) for spk in FSDD_SPEAKERS for i in FSDD_TEST_INDICES
+    )
+
+
+@dataclass(frozen=True)
+class AudioExample(Example):
+    """An example with its waveform (float32, 8 kHz) and any judge targets."""
+
+    wave: Any = field(default=None, hash=False, compare=False)
+    info: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountOptions:
+    """Options of the generated audio tasks."""
+
+    n_examples: int = 200
+    """Examples generated (procedural and multi-digit tasks)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_examples <= 100_000:
+            raise ValueError(f"n_examples={self.n_examples} must be in [1, 100000]")
+
+
+def _part(wave: np.ndarray) -> MediaPart:
+    return MediaPart("audio", np.asarray(wave, dtype=np.float32), {"sample_rate": SAMPLE_RATE})
+
+
+def _error_scores(reference: str, hypothesis: str) -> dict[str, Score]:
+    ref, hyp = normalize_text(reference), normalize_text(hypothesis)
+    return {
+        "wer": word_errors(ref, hyp),
+        "cer": char_errors(ref, hyp),
+        "exact_match": float(ref == hyp),
+    }
+
+
+def _dtmf_examples(name: str, n: int) -> list[AudioExample]:
+    out = []
+    for i in range(n):
+        rng = random.Random(f"{name}/{i}")
+        keys = "".join(rng.choice(DTMF_KEYS) for _ in range(rng.randint(1, 5)))
+        u = dtmf_utterance(keys, rng)
+        out.append(AudioExample(id=f"{name}-{i}", prompt=keys, target=u.text, wave=u.wave))
+    return out
+
+
+# ---------------------------------------------------------------------- recognition
+class _Asr(Task):
+    requires = ("audio",)
+    capability = "understanding"
+    modality = "audio"
+    metrics: ClassVar[dict[str, bool]] = {"wer": False, "cer": False, "exact_match": True}
+    max_new_tokens: ClassVar[int] = 32
+
+    def requests(self, example: AudioExample) -> list[Request]:
+        return [
+            GenerationRequest(
+                (_part(example.wave), TRANSCRIPT_PREFIX), max_new_tokens=self.max_new_tokens, stop=("\n",)
+            )
+        ]
+
+    def score(self, example: Example, responses: list[Response]) -> dict[str, Score]:
+        if len(responses) != 1 or not isinstance(responses[0], GenerationResult):
+            raise ValueError(f"{self.name}/{example.id}: expected one generation result")
+        return _error_scores(example.target, responses[0].text)
+
+
+@TASKS.register("asr_dtmf")
+class AsrDtmf(_Asr):
+    """Transcribe keypad-tone sequences (1-5 keys of 0-9, *, #) into key words."""
+
+    name = "asr_dtmf"
+    version = 1
+    splits = ("generated",)
+    how_to_get = GENERATED
+    Options = CountOptions
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        return _dtmf_examples(self.name, self.options.n_examples)
+
+
+@TASKS.register("asr_fsdd")
+class AsrFsdd(_Asr):
+    """Transcribe spoken digit strings (2-4 FSDD test recordings of one speaker, joined)."""
+
+    name = "asr_fsdd"
+    version = 1
+    splits = ("test",)
+    data_files = _fsdd_test_files()
+    how_to_get = FSDD_HOW_TO_GET
+    Options = CountOptions
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        seqs = fsdd_sequences(data_dir, "test", self.options.n_examples, 2, 4, seed=12345)
+        return [
+            AudioExample(
+                id=f"{self.name}-{i}", prompt="", target=u.text, wave=u.wave, info={"speaker": u.speaker}
+            )
+            for i, u in enumerate(seqs)
+        ]
+
+
+# ---------------------------------------------------------------------- understanding
+class _ChoiceOverAudio(Task):
+    requires = ("audio",)
+    capability = "understanding"
+    modality = "audio"
+    metrics: ClassVar[dict[str, bool]] = {"acc": True}
+    splits = ("test",)
+    data_files = _fsdd_test_files()
+    how_to_get = FSDD_HOW_TO_GET
+
+    def requests(self, example: AudioExample) -> list[Request]:
+        return [LoglikelihoodRequest((_part(example.wave), example.prompt), " " + c) for c in example.choices]
+
+    def score(self, example: Example, responses: list[Response]) -> dict[str, Score]:
+        if len(responses) != len(example.choices) or not all(
+            isinstance(r, LoglikelihoodResult) for r in responses
+        ):
+            raise ValueError(
+                f"{self.name}/{example.id}: expected {len(example.choices)} loglikelihood results"
+            )
+        return {"acc": choice_accuracy([r.logprob for r in responses], example.gold)}  # type: ignore[union-attr]
+
+
+def _question(q: str) -> str:
+    return f"Question: {q}\nAnswer:"
+
+
+@TASKS.register("spoken_digit_qa")
+class SpokenDigitQA(_ChoiceOverAudio):
+    """Which digit is spoken? FSDD test recordings (250), 10-way choice."""
+
+    name = "spoken_digit_qa"
+    version = 1
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        return [
+            AudioExample(
+                id=u.uid,
+                prompt=_question(DIGIT_SPOKEN_QUESTION),
+                target=u.text,
+                choices=DIGIT_WORDS,
+                gold=DIGIT_WORDS.index(u.text),
+                wave=u.wave,
+            )
+            for u in fsdd_utterances(data_dir, "test")
+        ]
+
+
+@TASKS.register("speaker_id")
+class SpeakerId(_ChoiceOverAudio):
+    """Who is speaking? FSDD test recordings (250), 5-way choice over the speakers."""
+
+    name = "speaker_id"
+    version = 1
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        return [
+            AudioExample(
+                id=u.uid,
+                prompt=_question(SPEAKER_QUESTION),
+                target=u.speaker,
+                choices=FSDD_SPEAKERS,
+                gold=FSDD_SPEAKERS.index(u.speaker),
+                wave=u.wave,
+            )
+            for u in fsdd_utterances(data_dir, "test")
+        ]
+
+
+# ---------------------------------------------------------------------- synthesis
+@dataclass(frozen=True, kw_only=True)
+class TtsOptions(CountOptions):
+    """Options of the synthesis tasks."""
+
+    temperature: float = 0.0
+    """Code sampling temperature (0 = argmax)."""
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.temperature <= 5.0:
+            raise ValueError(f"temperature={self.temperature} must be in [0, 5]")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0")
+
+
+def _wave_result(name: str, example: Example, responses: list[Response]) -> np.ndarray:
+    if len(responses) != 1 or not isinstance(responses[0], MediaResult):
+        raise ValueError(f"{name}/{example.id}: expected one media result")
+    return np.asarray(responses[0].media, dtype=np.float32).reshape(-1)
+
+
+class _Tts(Task):
+    requires = ("audio",)
+    capability = "generation"
+    modality = "audio"
+    metrics: ClassVar[dict[str, bool]] = {"wer": False, "cer": False, "exact_match": True}
+    Options = TtsOptions
+
+    def _frames(self, example: Example) -> int:
+        return int(FRAME_RATE * (0.3 + 0.6 * len(example.target.split()))) + 4
+
+    def requests(self, example: AudioExample) -> list[Request]:
+        i = int(example.id.rsplit("-", 1)[1])
+        o = self.options
+        return [
+            SpeechGenerationRequest(
+                example.prompt,
+                speaker=example.info.get("speaker", ""),
+                max_frames=self._frames(example),
+                temperature=o.temperature,
+                top_k=o.top_k,
+                seed=i,
+            )
+        ]
+
+    @abstractmethod
+    def transcribe(self, wave: np.ndarray) -> str:
+        """What the task's judge hears in a generated waveform (normalised words)."""
+
+    def score(self, example: Example, responses: list[Response]) -> dict[str, Score]:
+        wave = _wave_result(self.name, example, responses)
+        heard = self.transcribe(wave)
+        return _error_scores(example.target, heard)
+
+    def describe_sample(self, example, responses, scores) -> dict:
+        wave = _wave_result(self.name, example, responses)
+        return {
+            "id": example.id,
+            "prompt": example.prompt,
+            "target": example.target,
+            "prediction": self.transcribe(wave),
+            "seconds": round(len(wave) / SAMPLE_RATE, 3),
+            "judge": self.judge_name,
+            "scores": {k: list(v) if isinstance(v, tuple) else v for k, v in scores.items()},
+        }
+
+    judge_name: ClassVar[str] = ""
+
+
+@TASKS.register("tts_dtmf")
+class TtsDtmf(_Tts):
+    """Dial keys (``Dial: five star.``); the exact Goertzel decoder transcribes the tones."""
+
+    name = "tts_dtmf"
+    version = 1
+    splits = ("generated",)
+    how_to_get = GENERATED
+    judge_name = "goertzel"
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        out = []
+        for i in range(self.options.n_examples):
+            rng = random.Random(f"{self.name}/{i}")
+            keys = "".join(rng.choice(DTMF_KEYS) for _ in range(rng.randint(1, 5)))
+            words = normalize_text(keys)
+            out.append(AudioExample(id=f"{self.name}-{i}", prompt=dial_prompt(words), target=words))
+        return out
+
+    def transcribe(self, wave: np.ndarray) -> str:
+        from evals.audio_judges import dtmf_transcribe
+
+        return dtmf_transcribe([wave])[0]
+
+
+@TASKS.register("tts_digits")
+class TtsDigits(_Tts):
+    """Say 1-4 digits in an FSDD speaker's voice; the project's reference recogniser transcribes them."""
+
+    name = "tts_digits"
+    version = 1
+    splits = ("generated",)
+    data_files = _fsdd_test_files()
+    how_to_get = FSDD_HOW_TO_GET
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        self._load_judge(data_dir)
+        out = []
+        for i in range(self.options.n_examples):
+            rng = random.Random(f"{self.name}/{i}")
+            words = " ".join(rng.choice(DIGIT_WORDS) for _ in range(rng.randint(1, 4)))
+            spk = FSDD_SPEAKERS[i % len(FSDD_SPEAKERS)]
+            out.append(
+                AudioExample(
+                    id=f"{self.name}-{i}", prompt=say_prompt(words), target=words, info={"speaker": spk}
+                )
+            )
+        return out
+
+    def _load_judge(self, data_dir: str | Path | None):
+        from evals.audio_judges import load_digit_recognizer
+
+        if getattr(self, "_judge", None) is None:
+            self._judge = load_digit_recognizer(data_dir)
+            self.judge_name = f"{self._judge.name} (held-out WER {self._judge.wer:.3f})"
+        return self._judge
+
+    def transcribe(self, wave: np.ndarray) -> str:
+        if getattr(self, "_judge", None) is None:
+            raise ValueError(f"{self.name}: examples() loads the reference recogniser before scoring")
+        return self._judge.transcribe([wave])[0] if len(wave) else ""
+
+
+# ---------------------------------------------------------------------- codec
+class _CodecReconstruction(Task):
+    """SNR and log-mel distance of the checkpoint's codec round trip."""
+
+    requires = ("audio",)
+    capability = "generation"
+    modality = "audio"
+    metrics: ClassVar[dict[str, bool]] = {"snr_db": True, "mel_distance": False}
+
+    def requests(self, example: AudioExample) -> list[Request]:
+        return [ReconstructionRequest(_part(example.wave))]
+
+    def score(self, example: AudioExample, responses: list[Response]) -> dict[str, Score]:
+        from ernie5.tokenizers.audio_codec import mel_distance, snr_db
+
+        rec = _wave_result(self.name, example, responses)
+        ref = np.asarray(example.wave, dtype=np.float32)
+        n = len(ref)
+        rec = np.pad(rec[:n], (0, max(0, n - len(rec))))
+        return {"snr_db": float(snr_db(ref, rec)), "mel_distance": float(mel_distance(ref, rec, SAMPLE_RATE))}
+
+    def describe_sample(self, example, responses, scores) -> dict:
+        return {
+            "id": example.id,
+            "target": example.target,
+            "seconds": round(len(example.wave) / SAMPLE_RATE, 3),
+            "scores": {k: round(float(v), 3) for k, v in scores.items()},
+        }
+
+
+@TASKS.register("codec_dtmf")
+class CodecDtmf(_CodecReconstruction):
+    """Codec round trip of held-out keypad-tone sequences."""
+
+    name = "codec_dtmf"
+    version = 1
+    splits = ("generated",)
+    how_to_get = GENERATED
+    Options = CountOptions
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        return _dtmf_examples(self.name, self.options.n_examples)
+
+
+@TASKS.register("codec_fsdd")
+class CodecFsdd(_CodecReconstruction):
+    """Codec round trip of the FSDD test recordings (250)."""
+
+    name = "codec_fsdd"
+    version = 1
+    splits = ("test",)
+    data_files = _fsdd_test_files()
+    how_to_get = FSDD_HOW_TO_GET
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        return [
+            AudioExample(id=u.uid, prompt="", target=u.text, wave=u.wave)
+            for u in fsdd_utterances(data_dir, "test")
+        ]
+
+
+@TASKS.register("codec_ljspeech")
+class CodecLjspeech(_CodecReconstruction):
+    """Codec round trip of the 32 LJSpeech sentences (resampled to 8 kHz): a sentence-level check."""
+
+    name = "codec_ljspeech"
+    version = 1
+    splits = ("sample",)
+    data_files = (LJSPEECH_METADATA, *(f"ljspeech_mini/wavs/LJ001-{i:04d}.wav" for i in range(1, 33)))
+    how_to_get = LJSPEECH_HOW_TO_GET
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        return [
+            AudioExample(id=u.uid, prompt="", target=u.text, wave=u.wave)
+            for u in ljspeech_utterances(data_dir)
+        ]
