@@ -233,11 +233,6 @@ class ModelConfig:
             f"n_dense_layers={self.n_dense_layers} must be in [0, n_layers={self.n_layers}]",
         )
         _check(self.d_ff >= 1, f"d_ff={self.d_ff} must be >= 1")
-        _check(
-            not self.audio.enabled or self.audio.n_levels <= self.n_layers,
-            f"audio.n_levels={self.audio.n_levels} must be <= n_layers={self.n_layers} "
-            "(one NCP head per top layer)",
-        )
 
     @property
     def dim_head(self) -> int:

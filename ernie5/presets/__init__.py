@@ -1,5 +1,6 @@
 """Shipped run presets (YAML): ``micro`` (tests), ``mini`` (the main job), ``nano`` (CPU reference),
-``nano_mm`` (nano + images and clips), ``nano_all`` (nano + images, clips and audio), ``paper``
+``mini_all`` (mini + images, clips and audio), ``nano_mm`` (nano + images and clips), ``nano_all``
+(nano + images, clips and audio), ``paper``
 (meta device only)."""
 
 from __future__ import annotations
