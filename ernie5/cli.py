@@ -100,48 +100,37 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_train_vision_tokenizer(args) -> int:
-    """``ernie5 train-vision-tokenizer``."""
+def _train_component(args, config_cls, train_fn, **kwargs) -> int:
+    """Shared body of the ``train-*`` commands: a new --out folder, a strict config, a JSON summary."""
     from ernie5.config import load
-    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
-    cfg = load(VisionTokenizerTrainConfig, args.config, args.set or [])
-    summary = train_vision_tokenizer(cfg, out, args.data_dir, time_budget_s=args.time_budget)
-    _print_json(summary)
+    cfg = load(config_cls, args.config, args.set or [])
+    _print_json(train_fn(cfg, out, args.data_dir, time_budget_s=args.time_budget, **kwargs))
     return 0
+
+
+def cmd_train_vision_tokenizer(args) -> int:
+    """``ernie5 train-vision-tokenizer``."""
+    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+
+    return _train_component(args, VisionTokenizerTrainConfig, train_vision_tokenizer)
 
 
 def cmd_train_audio_codec(args) -> int:
     """``ernie5 train-audio-codec``."""
-    from ernie5.config import load
     from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
 
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
-    cfg = load(AudioCodecTrainConfig, args.config, args.set or [])
-    summary = train_audio_codec(cfg, out, args.data_dir, time_budget_s=args.time_budget)
-    _print_json(summary)
-    return 0
+    return _train_component(args, AudioCodecTrainConfig, train_audio_codec)
 
 
 def cmd_train_refiner(args) -> int:
     """``ernie5 train-refiner``."""
-    from ernie5.config import load
     from train.refiner import RefinerTrainConfig, train_refiner
 
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
-    cfg = load(RefinerTrainConfig, args.config, args.set or [])
-    summary = train_refiner(
-        cfg, out, args.data_dir, tokenizer_path=args.tokenizer, time_budget_s=args.time_budget
-    )
-    _print_json(summary)
-    return 0
+    return _train_component(args, RefinerTrainConfig, train_refiner, tokenizer_path=args.tokenizer)
 
 
 def cmd_params(args) -> int:

@@ -52,7 +52,6 @@ from evals.api import (
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
-    LoglikelihoodResult,
     MediaPart,
     MediaResult,
     ReconstructionRequest,
@@ -60,8 +59,9 @@ from evals.api import (
     Response,
     SpeechGenerationRequest,
 )
-from evals.metrics import char_errors, choice_accuracy, word_errors
+from evals.metrics import char_errors, word_errors
 from evals.task import TASKS, Example, Score, Task
+from evals.tasks.vision import _ChoiceOverMedia, _question
 from train.audio_data import (
     DIGIT_SPOKEN_QUESTION,
     SPEAKER_QUESTION,
@@ -181,30 +181,17 @@ class AsrFsdd(_Asr):
 
 
 # ---------------------------------------------------------------------- understanding
-class _ChoiceOverAudio(Task):
+class _ChoiceOverAudio(_ChoiceOverMedia):
+    """Multiple choice by log-likelihood after a waveform (the vision tasks' scoring, audio inputs)."""
+
     requires = ("audio",)
-    capability = "understanding"
     modality = "audio"
-    metrics: ClassVar[dict[str, bool]] = {"acc": True}
     splits = ("test",)
     data_files = _fsdd_test_files()
     how_to_get = FSDD_HOW_TO_GET
 
     def requests(self, example: AudioExample) -> list[Request]:
         return [LoglikelihoodRequest((_part(example.wave), example.prompt), " " + c) for c in example.choices]
-
-    def score(self, example: Example, responses: list[Response]) -> dict[str, Score]:
-        if len(responses) != len(example.choices) or not all(
-            isinstance(r, LoglikelihoodResult) for r in responses
-        ):
-            raise ValueError(
-                f"{self.name}/{example.id}: expected {len(example.choices)} loglikelihood results"
-            )
-        return {"acc": choice_accuracy([r.logprob for r in responses], example.gold)}  # type: ignore[union-attr]
-
-
-def _question(q: str) -> str:
-    return f"Question: {q}\nAnswer:"
 
 
 @TASKS.register("spoken_digit_qa")
@@ -301,8 +288,8 @@ class _Tts(Task):
         """What the task's judge hears in a generated waveform (normalised words)."""
 
     def score(self, example: Example, responses: list[Response]) -> dict[str, Score]:
-        wave = _wave_result(self.name, example, responses)
-        heard = self.transcribe(wave)
+        heard = self.transcribe(_wave_result(self.name, example, responses))
+        self.__dict__.setdefault("_heard", {})[example.id] = heard  # describe_sample reuses it
         return _error_scores(example.target, heard)
 
     def describe_sample(self, example, responses, scores) -> dict:
@@ -311,7 +298,7 @@ class _Tts(Task):
             "id": example.id,
             "prompt": example.prompt,
             "target": example.target,
-            "prediction": self.transcribe(wave),
+            "prediction": self.__dict__.get("_heard", {}).pop(example.id, None) or self.transcribe(wave),
             "seconds": round(len(wave) / SAMPLE_RATE, 3),
             "judge": self.judge_name,
             "scores": {k: list(v) if isinstance(v, tuple) else v for k, v in scores.items()},
