@@ -200,7 +200,7 @@ def cmd_bench(args) -> int:
     else:
         from train.bench import bench_train
 
-        result = bench_train(repeats=args.repeats)
+        result = bench_train(repeats=args.repeats, peer=args.peer)
     if args.json:
         _print_json(result)
     else:
@@ -381,6 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--tokens", type=int, default=2048, help="moe: tokens per forward")
     b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
+    b.add_argument(
+        "--peer",
+        action="store_true",
+        help="train: also time Hugging Face Mixtral at the same shape in this process (needs transformers)",
+    )
     b.set_defaults(fn=cmd_bench)
 
     ta = sub.add_parser(

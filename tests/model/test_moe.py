@@ -89,6 +89,29 @@ def test_capacity_overflow_level_is_exercised():
         assert torch.allclose(ref[2][name], got[2][name], atol=1e-5), name
 
 
+def test_padded_shapes_are_quantised_and_padding_experts_are_inert():
+    """Row counts above 8 are multiples of 16 and overflow expert counts multiples of 4 (so that
+    oneDNN's kernel cache hits); padding slots and padding experts change nothing."""
+    assert _capacity([3, 5, 2, 1]) <= 8  # small counts stay exact
+    assert _capacity([70, 64, 50, 66]) % 16 == 0
+    torch.manual_seed(5)
+    layer = _layer(n_experts=16)
+    with torch.no_grad():
+        layer.router_bias[:3] = 0.05  # three busy experts overflow into a padded second level
+    x = torch.randn(1, 200, 32)
+    r = route(x[0], layer.router.weight, layer.router_bias, layer.cfg, 2, None, 200)
+    levels = plan_dispatch(r, 200)
+    assert len(levels) == 2
+    for lv in levels:
+        assert lv.cap <= 8 or lv.cap % 16 == 0
+    assert levels[1].experts.numel() % 4 == 0
+    assert levels[1].experts.unique().numel() == levels[1].experts.numel()
+    ref, got = _run(layer, x, "loop"), _run(layer, x, "sorted")
+    assert torch.allclose(ref[0], got[0], atol=1e-5) and torch.allclose(ref[1], got[1], atol=1e-5)
+    for name in ref[2]:
+        assert torch.allclose(ref[2][name], got[2][name], atol=1e-5), name
+
+
 @pytest.mark.parametrize("score_func", ["softmax", "sigmoid"])
 def test_masked_experts_are_never_selected_and_gates_renormalise(score_func):
     layer = _layer(score_func=score_func)

@@ -1,0 +1,74 @@
+import pytest
+import torch
+
+import ernie5.model.loss as L
+from ernie5.model.loss import IGNORE, linear_cross_entropy, linear_cross_entropy_reference
+
+
+def _inputs(dtype, n=301, d=24, v=97, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g).to(dtype).requires_grad_()
+    w = (torch.randn(v, d, generator=g) * 0.3).to(dtype).requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::7] = IGNORE
+    wts = torch.rand(n, generator=g) + 0.5
+    return h, w, t, wts
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_fused_matches_reference_loss_nll_and_grads(monkeypatch, dtype, tol, weighted):
+    monkeypatch.setattr(L, "CHUNK_ROWS", 64)  # several chunks and a ragged last one
+    h, w, t, wts = _inputs(dtype)
+    wts = wts if weighted else None
+    loss_r, nll_r = linear_cross_entropy_reference(h, w, t, wts)
+    (loss_r * 3.0).backward()
+    gh_r, gw_r = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    loss_f, nll_f = linear_cross_entropy(h, w, t, wts)
+    (loss_f * 3.0).backward()
+    assert loss_f.dtype == torch.float32 and nll_f.dtype == torch.float32
+    assert torch.allclose(loss_f, loss_r, atol=tol, rtol=tol)
+    assert torch.allclose(nll_f, nll_r, atol=tol, rtol=tol)
+    assert bool((nll_f[t == IGNORE] == 0).all())
+    assert torch.allclose(h.grad.float(), gh_r.float(), atol=tol, rtol=tol)
+    assert torch.allclose(w.grad.float(), gw_r.float(), atol=tol, rtol=tol)
+
+
+def test_without_grad_the_fused_path_is_not_taken_and_values_agree():
+    h, w, t, wts = _inputs(torch.float32)
+    ref = linear_cross_entropy_reference(h.detach(), w.detach(), t, wts)
+    with torch.no_grad():
+        got = linear_cross_entropy(h, w, t, wts)
+    assert not got[0].requires_grad
+    assert torch.allclose(got[0], ref[0], atol=1e-6) and torch.allclose(got[1], ref[1], atol=1e-6)
+
+
+def test_all_ignored_gives_zero_loss_and_zero_grads():
+    h, w, t, _ = _inputs(torch.float32, n=10)
+    t[:] = IGNORE
+    loss, nll = linear_cross_entropy(h, w, t, None)
+    loss.backward()
+    assert float(loss) == 0.0 and bool((nll == 0).all())
+    assert float(h.grad.abs().sum()) == 0.0 and float(w.grad.abs().sum()) == 0.0
+
+
+def test_model_loss_equals_naive_cross_entropy():
+    from ernie5.config import from_dict, read_yaml
+    from ernie5.model.config import ModelConfig
+    from ernie5.model.model import Ernie5Model
+    from ernie5.presets import resolve_config_path
+
+    cfg = from_dict(ModelConfig, read_yaml(resolve_config_path("micro"))["model"])
+    torch.manual_seed(0)
+    model = Ernie5Model(cfg)
+    ids = torch.randint(16, cfg.vocab_size, (2, 17))
+    tgt = ids[:, 1:].clone()
+    tgt[0, :3] = IGNORE
+    out = model(ids[:, :-1], targets_BT=tgt)
+    naive = torch.nn.functional.cross_entropy(
+        out.logits_BTV.float().flatten(0, 1), tgt.flatten(), ignore_index=IGNORE
+    )
+    assert torch.allclose(out.loss, naive, atol=1e-5)
+    out.loss.backward()
+    assert model.head.weight.grad is not None and model.tok_emb.weight.grad is not None

@@ -1,0 +1,30 @@
+"""Benchmarks: the JSON contract (figures themselves are checked by running them, never by tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_bench_moe_reports_both_ratios_per_dtype():
+    from ernie5.bench.moe import bench_moe
+
+    out = bench_moe(tokens=256, repeats=1, loop_repeats=1)
+    for dtype in ("bf16", "bf16_autocast", "fp32"):
+        d = out[dtype]
+        assert d["moe_ms"] > 0 and d["dense_ms"] > 0 and d["loop_ms"] > 0
+        assert d["dense_equiv_ratio"] == pytest.approx(d["dense_ms"] / d["moe_ms"])
+        assert d["loop_speedup"] == pytest.approx(d["loop_ms"] / d["moe_ms"])
+    assert out["matmul_peak_gflops"]["bf16"] > 0
+
+
+@pytest.mark.slow
+def test_bench_train_reports_mfu_and_the_peer():
+    pytest.importorskip("transformers")
+    from train.bench import bench_train
+
+    out = bench_train(repeats=1, peer=True)
+    assert out["tokens_per_s"] > 0 and 0 < out["mfu"] < 1
+    assert out["peer"]["fused_adamw"]["tokens_per_s"] > 0
+    assert out["speedup_vs_peer_fused_adamw"] == pytest.approx(
+        out["tokens_per_s"] / out["peer"]["fused_adamw"]["tokens_per_s"]
+    )
