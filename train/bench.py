@@ -1,7 +1,7 @@
 """``ernie5 bench train``: training throughput and MFU at the nano shape.
 
 One optimizer step of the real training loop's work (forward with targets and the MTP loss,
-backward, gradient clipping, fused AdamW, aux-free bias update) on ``batch_size x seq_len``
+backward, gradient clipping folded into fused AdamW, aux-free bias update) on ``batch_size x seq_len``
 tokens of random ids, for the full model (no elastic sampling, so every step does the same
 work), with fp32 master weights and a bf16 compute replica (``train.precision``), as
 ``ernie5 train`` runs. ``mfu = 6 * active_params_no_embedding * tokens_per_s / peak`` with
@@ -10,6 +10,8 @@ convention: attention-score FLOPs ignored).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -21,6 +23,7 @@ from ernie5.model.moe import MoE, update_router_bias
 from ernie5.params import count_params
 from ernie5.presets import resolve_config_path
 from ernie5.runtime import tune_allocator
+from train.clip import clip_and_step
 from train.precision import MixedPrecision
 
 
@@ -72,35 +75,17 @@ def bench_peer_mixtral(repeats: int = 5, batch_size: int = 8, seq_len: int = 256
 def bench_train(
     repeats: int = 5, batch_size: int = 8, seq_len: int = 256, dtype: str = "bf16", peer: bool = False
 ) -> dict:
-    """Median tokens/s of a full training step and the MFU it implies."""
+    """Median tokens/s of a full training step and the MFU it implies.
+
+    With ``peer``, also times Hugging Face Mixtral (:func:`bench_peer_mixtral`) and our model in
+    the peer's setting (``matched_to_peer``: no MTP module, no gradient clipping, no bias update),
+    so the speedups compare like with like as well as our real step against theirs.
+    """
     cfg = from_dict(ModelConfig, read_yaml(resolve_config_path("nano"))["model"])
-    torch.manual_seed(0)
     tune_allocator()
-    model = Ernie5Model(cfg).train()
-    mp = MixedPrecision(model, dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    ids = torch.randint(16, cfg.vocab_size, (batch_size, seq_len + 1))
-    x, y = ids[:, :-1], ids[:, 1:]
-    moes = [b.ffn for b in model.layers if isinstance(b.ffn, MoE)]
-    avail = torch.ones(cfg.moe.n_experts, dtype=torch.bool)
-
-    def step():
-        out = mp.compute(x, targets_BT=y, return_logits=False)
-        loss = out.loss + 0.3 * torch.stack(out.mtp_losses).mean()
-        loss.backward()
-        mp.accumulate_grads()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        for moe, r in zip(moes, out.routing.values()):
-            update_router_bias(moe, r.counts_E, 1e-3, avail)
-        mp.sync()
-
-    # Six warm-up steps: the first steps fill oneDNN's kernel cache (one JIT kernel per GEMM
-    # shape) and grow the heap to its working set; the median is meant to describe a long run.
-    seconds = median_seconds(step, repeats, warmup=6)
+    seconds = _time_step(cfg, dtype, batch_size, seq_len, repeats, full_recipe=True)
     tokens = batch_size * seq_len
-    peak = matmul_peak(torch.bfloat16 if mp.bf16 else torch.float32)
+    peak = matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32)
     active = count_params(cfg, None, seq_len).active_params_no_embedding
     tps = tokens / seconds
     result = {
@@ -118,7 +103,44 @@ def bench_train(
     if peer:
         p = bench_peer_mixtral(repeats, batch_size, seq_len)
         result["peer"] = p
+        bare = replace(cfg, mtp=replace(cfg.mtp, n_depth=0))
+        matched = tokens / _time_step(bare, dtype, batch_size, seq_len, repeats, full_recipe=False)
+        result["matched_to_peer"] = {"tokens_per_s": matched, "what": "no MTP, no clipping, no bias update"}
         for name in ("default_adamw", "fused_adamw"):
             if name in p:
                 result[f"speedup_vs_peer_{name}"] = tps / p[name]["tokens_per_s"]
+                result[f"matched_speedup_vs_peer_{name}"] = matched / p[name]["tokens_per_s"]
     return result
+
+
+def _time_step(
+    cfg: ModelConfig, dtype: str, batch_size: int, seq_len: int, repeats: int, full_recipe: bool
+) -> float:
+    """Median seconds of one training step (``full_recipe``: MTP loss, clipping, bias update)."""
+    torch.manual_seed(0)
+    model = Ernie5Model(cfg).train()
+    mp = MixedPrecision(model, dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    ids = torch.randint(16, cfg.vocab_size, (batch_size, seq_len + 1))
+    x, y = ids[:, :-1], ids[:, 1:]
+    params = list(model.parameters())
+    moes = [b.ffn for b in model.layers if isinstance(b.ffn, MoE)]
+    avail = torch.ones(cfg.moe.n_experts, dtype=torch.bool)
+
+    def step():
+        out = mp.compute(x, targets_BT=y, return_logits=False)
+        loss = out.loss
+        if out.mtp_losses:
+            loss = loss + 0.3 * torch.stack(out.mtp_losses).mean()
+        loss.backward()
+        mp.accumulate_grads()
+        clip_and_step(opt, params, 1.0 if full_recipe else 0.0)
+        opt.zero_grad(set_to_none=True)
+        if full_recipe:
+            for moe, r in zip(moes, out.routing.values()):
+                update_router_bias(moe, r.counts_E, 1e-3, avail)
+        mp.sync()
+
+    # Six warm-up steps: the first steps fill oneDNN's kernel cache (one JIT kernel per GEMM
+    # shape) and grow the heap to its working set; the median is meant to describe a long run.
+    return median_seconds(step, repeats, warmup=6)

@@ -40,6 +40,7 @@ from ernie5.params import count_params
 from ernie5.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
 from ernie5.sequence import MODALITIES
 from ernie5.tokenizers.text import TextTokenizer
+from train.clip import clip_and_step
 from train.config import RunConfig
 from train.data import MixtureStream, open_sources, tokenizer_corpus
 from train.elastic import sample_subnet
@@ -159,6 +160,7 @@ class Trainer:
             eps=cfg.optim.eps,
             fused=cfg.optim.fused,
         )
+        self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.balance_ema: dict[str, float] = {}
         if self.resume_dir is not None:
             _, state = load_train_state(self.resume_dir, optimizer=self.optimizer)
@@ -413,12 +415,7 @@ class Trainer:
             if self.dist.world > 1:
                 self._allreduce_grads()
                 micros = self._gather_micros(micros)
-            grad_norm = (
-                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))
-                if cfg.optim.grad_clip > 0
-                else float("nan")
-            )
-            self.optimizer.step()
+            grad_norm = clip_and_step(self.optimizer, self._params, cfg.optim.grad_clip)
             self.optimizer.zero_grad(set_to_none=True)
             self._update_biases(step, micros)
             self.precision.sync()
