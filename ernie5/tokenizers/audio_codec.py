@@ -50,21 +50,16 @@ Deviations:
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from ernie5.config import ConfigError, dump, from_dict, read_yaml
+from ernie5.module_folder import load_module, save_module
 from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.audio_quant import ResidualVQ, code_usage
 from ernie5.tokenizers.audio_teacher import SemanticTeacher, pool_to_frames
@@ -72,8 +67,6 @@ from ernie5.tokenizers.audio_teacher import SemanticTeacher, pool_to_frames
 VERSION = "ernie5-audio-codec/1"
 """Format string stored in ``meta.json``; :meth:`AudioCodec.load` refuses other values."""
 WEIGHTS_FILE = "codec.safetensors"
-CONFIG_FILE = "config.yaml"
-META_FILE = "meta.json"
 
 
 class AudioCodecError(ValueError):
@@ -369,67 +362,15 @@ class AudioCodec(nn.Module):
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
         """Write ``path/`` atomically: weights + codebooks, ``config.yaml``, ``meta.json``."""
-        path = Path(path)
-        body = {**(meta or {}), "version": VERSION, "n_params": sum(p.numel() for p in self.parameters())}
-        try:
-            meta_text = json.dumps(body, indent=2, sort_keys=True, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"meta is not JSON-serialisable: {e}") from None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-            save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
-            (tmp / CONFIG_FILE).write_text(dump(self.cfg), encoding="utf-8")
-            (tmp / META_FILE).write_text(meta_text, encoding="utf-8")  # last: its presence means complete
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return path
+        return save_module(path, self, self.cfg, VERSION, WEIGHTS_FILE, meta)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> AudioCodec:
         """Load a folder written by :meth:`save` (no pickle), in eval mode; errors are
         :class:`AudioCodecError`."""
-        path = Path(path)
-        for name in (META_FILE, CONFIG_FILE, WEIGHTS_FILE):
-            if not (path / name).is_file():
-                raise AudioCodecError(f"{path}: missing {name} (not a saved audio codec)")
-        try:
-            meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise AudioCodecError(f"{path / META_FILE}: unreadable JSON ({e})") from None
-        if not isinstance(meta, dict) or meta.get("version") != VERSION:
-            found = meta.get("version") if isinstance(meta, dict) else None
-            raise AudioCodecError(f"{path / META_FILE}: version {found!r}, expected {VERSION!r}")
-        try:
-            cfg = from_dict(AudioCodecConfig, read_yaml(path / CONFIG_FILE))
-        except ConfigError as e:
-            raise AudioCodecError(f"{path / CONFIG_FILE}: {e}") from None
-        try:
-            tensors = load_file(path / WEIGHTS_FILE, device=str(torch.device(device)))
-        except (SafetensorError, OSError) as e:
-            raise AudioCodecError(f"{path / WEIGHTS_FILE}: unreadable ({str(e).splitlines()[0]})") from None
-        model = cls(cfg).to(device)
-        expected = model.state_dict()
-        missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-        if missing or unexpected:
-            raise AudioCodecError(
-                f"{path / WEIGHTS_FILE}: does not match config.yaml (missing {missing[:3]}, unexpected "
-                f"{unexpected[:3]})"
-            )
-        for name, value in tensors.items():
-            if value.shape != expected[name].shape:
-                raise AudioCodecError(
-                    f"{path / WEIGHTS_FILE}: {name} has shape {tuple(value.shape)}, config.yaml needs "
-                    f"{tuple(expected[name].shape)}"
-                )
-        model.load_state_dict(tensors)
+        model = load_module(
+            path, cls, AudioCodecConfig, VERSION, WEIGHTS_FILE, AudioCodecError, "audio codec", device
+        )
         return model.eval()
 
 

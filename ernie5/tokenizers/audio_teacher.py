@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,6 +54,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ernie5.audio_features import deltas, mfcc
+from ernie5.module_folder import write_folder_atomic
 from ernie5.tokenizers.audio_quant import kmeans, nearest
 
 TEACHER_FILE = "teacher.json"
@@ -102,21 +101,12 @@ def pool_to_frames(feats_BTD: Tensor, n_frames: int) -> Tensor:
 
 
 def _write_folder(path: Path, body: dict[str, Any], tensors: dict[str, Tensor] | None) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    def write(tmp: Path) -> None:
         if tensors:
             save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp / STATE_FILE)
         (tmp / TEACHER_FILE).write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+
+    return write_folder_atomic(path, write)
 
 
 # ---------------------------------------------------------------------- MFCC k-means
