@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ernie5 import __version__
@@ -36,6 +37,27 @@ NIGHTLY_PRESET = "mini"
 def cache_root() -> Path:
     """Where trained nightly models are cached."""
     return Path(os.environ.get("ERNIE5_CACHE_DIR", Path.home() / ".cache" / "ernie5"))
+
+
+def _cached_folder(kind: str, prefix: str, key_parts: list) -> Path:
+    """``cache_root()/kind/prefix-KEY``, KEY hashing ``key_parts`` and the project version."""
+    key = hashlib.sha256(json.dumps([*key_parts, __version__]).encode()).hexdigest()[:12]
+    return cache_root() / kind / f"{prefix}-{key}"
+
+
+def _train_once(out: Path, sub: str, what: str, quiet: bool, train: Callable[[Path], object]) -> Path:
+    """``out/sub`` if complete (its ``meta.json`` exists); else ``train(tmp)`` and rename ``tmp`` to
+    ``out``, so the folder is complete or absent and an interrupted training is redone."""
+    if (out / sub / "meta.json").is_file():
+        return out / sub
+    if not quiet:
+        print(f"nightly: training the {what} into {out}", file=sys.stderr)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    train(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out / sub
 
 
 NIGHTLY_TOKENIZER_STEPS = 500
@@ -58,18 +80,10 @@ def ensure_vision_tokenizer(data_dir: Path | None, quiet: bool = False) -> Path:
         ],
     )
     has_mnist = data_dir is not None and (Path(data_dir) / "mnist").is_dir()
-    key = hashlib.sha256(json.dumps([dump(cfg), has_mnist, __version__]).encode()).hexdigest()[:12]
-    out = cache_root() / "tokenizers" / f"vision-{key}"
-    if (out / "tokenizer_3d" / "meta.json").is_file():
-        return out / "tokenizer_3d"
-    if not quiet:
-        print(f"nightly: training the vision tokenizer into {out}", file=sys.stderr)
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    train_vision_tokenizer(cfg, tmp, data_dir)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)  # complete or absent: an interrupted training is redone
-    return out / "tokenizer_3d"
+    out = _cached_folder("tokenizers", "vision", [dump(cfg), has_mnist])
+    return _train_once(
+        out, "tokenizer_3d", "vision tokenizer", quiet, lambda tmp: train_vision_tokenizer(cfg, tmp, data_dir)
+    )
 
 
 NIGHTLY_CODEC_STEPS = 3000
@@ -82,18 +96,8 @@ def ensure_audio_codec(data_dir: Path | None, quiet: bool = False) -> Path:
 
     cfg = load(AudioCodecTrainConfig, None, [f"steps={NIGHTLY_CODEC_STEPS}"])
     has_fsdd = data_dir is not None and (Path(data_dir) / "fsdd").is_dir()
-    key = hashlib.sha256(json.dumps([dump(cfg), has_fsdd, __version__]).encode()).hexdigest()[:12]
-    out = cache_root() / "codecs" / f"audio-{key}"
-    if (out / "codec" / "meta.json").is_file():
-        return out / "codec"
-    if not quiet:
-        print(f"nightly: training the audio codec into {out}", file=sys.stderr)
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    train_audio_codec(cfg, tmp, data_dir)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)  # complete or absent: an interrupted training is redone
-    return out / "codec"
+    out = _cached_folder("codecs", "audio", [dump(cfg), has_fsdd])
+    return _train_once(out, "codec", "audio codec", quiet, lambda tmp: train_audio_codec(cfg, tmp, data_dir))
 
 
 def ensure_model(data_dir: Path | None, quiet: bool = False) -> Path:
@@ -110,10 +114,7 @@ def ensure_model(data_dir: Path | None, quiet: bool = False) -> Path:
         overrides.append(f"data.audio_codec={ensure_audio_codec(data_dir, quiet)}")
     cfg = load(RunConfig, resolve_config_path(NIGHTLY_PRESET), overrides)
     sources = open_sources(cfg.data, data_dir, cfg.model.vision.image_size)
-    key = hashlib.sha256(
-        json.dumps([dump(cfg), sources.names, __version__], sort_keys=True).encode()
-    ).hexdigest()[:12]
-    run = cache_root() / "models" / f"{NIGHTLY_PRESET}-{key}"
+    run = _cached_folder("models", NIGHTLY_PRESET, [dump(cfg), sources.names])
     done = [c for c in checkpoint_dirs(run) if c.name == f"step_{cfg.train.steps:08d}"]
     if done:
         if not quiet:

@@ -160,7 +160,6 @@ class Trainer:
             eps=cfg.optim.eps,
             fused=cfg.optim.fused,
         )
-        self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.balance_ema: dict[str, float] = {}
         if self.resume_dir is not None:
             _, state = load_train_state(self.resume_dir, optimizer=self.optimizer)
@@ -415,7 +414,7 @@ class Trainer:
             if self.dist.world > 1:
                 self._allreduce_grads()
                 micros = self._gather_micros(micros)
-            grad_norm = clip_and_step(self.optimizer, self._params, cfg.optim.grad_clip)
+            grad_norm = clip_and_step(self.optimizer, list(self.model.parameters()), cfg.optim.grad_clip)
             self.optimizer.zero_grad(set_to_none=True)
             self._update_biases(step, micros)
             self.precision.sync()

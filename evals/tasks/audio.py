@@ -124,6 +124,25 @@ def _dtmf_examples(name: str, n: int) -> list[AudioExample]:
     return out
 
 
+class _DtmfSequences:
+    """Mixin: held-out keypad-tone sequences generated with a seed (no data needed)."""
+
+    splits = ("generated",)
+    how_to_get = GENERATED
+    Options = CountOptions
+
+    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        return _dtmf_examples(self.name, self.options.n_examples)
+
+
+class _FsddTest:
+    """Mixin: the FSDD test split (takes 0-4) under the data root."""
+
+    splits = ("test",)
+    data_files = _fsdd_test_files()
+    how_to_get = FSDD_HOW_TO_GET
+
+
 # ---------------------------------------------------------------------- recognition
 class _Asr(Task):
     requires = ("audio",)
@@ -146,28 +165,19 @@ class _Asr(Task):
 
 
 @TASKS.register("asr_dtmf")
-class AsrDtmf(_Asr):
+class AsrDtmf(_DtmfSequences, _Asr):
     """Transcribe keypad-tone sequences (1-5 keys of 0-9, *, #) into key words."""
 
     name = "asr_dtmf"
     version = 1
-    splits = ("generated",)
-    how_to_get = GENERATED
-    Options = CountOptions
-
-    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
-        return _dtmf_examples(self.name, self.options.n_examples)
 
 
 @TASKS.register("asr_fsdd")
-class AsrFsdd(_Asr):
+class AsrFsdd(_FsddTest, _Asr):
     """Transcribe spoken digit strings (2-4 FSDD test recordings of one speaker, joined)."""
 
     name = "asr_fsdd"
     version = 1
-    splits = ("test",)
-    data_files = _fsdd_test_files()
-    how_to_get = FSDD_HOW_TO_GET
     Options = CountOptions
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
@@ -181,14 +191,11 @@ class AsrFsdd(_Asr):
 
 
 # ---------------------------------------------------------------------- understanding
-class _ChoiceOverAudio(_ChoiceOverMedia):
+class _ChoiceOverAudio(_FsddTest, _ChoiceOverMedia):
     """Multiple choice by log-likelihood after a waveform (the vision tasks' scoring, audio inputs)."""
 
     requires = ("audio",)
     modality = "audio"
-    splits = ("test",)
-    data_files = _fsdd_test_files()
-    how_to_get = FSDD_HOW_TO_GET
 
     def requests(self, example: AudioExample) -> list[Request]:
         return [LoglikelihoodRequest((_part(example.wave), example.prompt), " " + c) for c in example.choices]
@@ -401,28 +408,19 @@ class _CodecReconstruction(Task):
 
 
 @TASKS.register("codec_dtmf")
-class CodecDtmf(_CodecReconstruction):
+class CodecDtmf(_DtmfSequences, _CodecReconstruction):
     """Codec round trip of held-out keypad-tone sequences."""
 
     name = "codec_dtmf"
     version = 1
-    splits = ("generated",)
-    how_to_get = GENERATED
-    Options = CountOptions
-
-    def all_examples(self, data_dir: str | Path | None) -> list[Example]:
-        return _dtmf_examples(self.name, self.options.n_examples)
 
 
 @TASKS.register("codec_fsdd")
-class CodecFsdd(_CodecReconstruction):
+class CodecFsdd(_FsddTest, _CodecReconstruction):
     """Codec round trip of the FSDD test recordings (250)."""
 
     name = "codec_fsdd"
     version = 1
-    splits = ("test",)
-    data_files = _fsdd_test_files()
-    how_to_get = FSDD_HOW_TO_GET
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
         return [

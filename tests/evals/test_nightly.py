@@ -98,3 +98,30 @@ def test_nightly_from_scratch_on_a_fresh_machine_within_10_minutes(tmp_path):
     assert summary["errors"] == 0 and summary["computed"] > 0
     assert (runs[0] / "report" / "index.html").is_file()
     assert elapsed < 600, f"nightly took {elapsed:.0f}s"
+
+
+def test_cached_side_model_is_trained_once_and_complete_or_absent(tmp_path, monkeypatch):
+    from evals.nightly import _cached_folder, _train_once
+
+    monkeypatch.setenv("ERNIE5_CACHE_DIR", str(tmp_path))
+    out = _cached_folder("codecs", "audio", ["cfg", True])
+    assert out.parent == tmp_path / "codecs" and out == _cached_folder("codecs", "audio", ["cfg", True])
+    assert out != _cached_folder("codecs", "audio", ["cfg", False])
+    calls = []
+
+    def crash(tmp):
+        (tmp / "codec").mkdir(parents=True)
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        _train_once(out, "codec", "audio codec", True, crash)
+    assert not out.exists()
+
+    def train(tmp):
+        calls.append(tmp)
+        (tmp / "codec").mkdir(parents=True)
+        (tmp / "codec" / "meta.json").write_text("{}")
+
+    assert _train_once(out, "codec", "audio codec", True, train) == out / "codec"
+    assert _train_once(out, "codec", "audio codec", True, train) == out / "codec"
+    assert len(calls) == 1 and (out / "codec" / "meta.json").is_file()
