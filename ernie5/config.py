@@ -25,6 +25,13 @@ import yaml
 T = TypeVar("T")
 
 
+def check(cond: bool, msg: str) -> None:
+    """Raise ``ValueError(msg)`` unless ``cond``: what a config's ``__post_init__`` uses to reject a
+    value (the loader turns it into a one-line error naming the dotted key)."""
+    if not cond:
+        raise ValueError(msg)
+
+
 class ConfigError(ValueError):
     """A config value, key or file is invalid. The message is one line and names the dotted key."""
 

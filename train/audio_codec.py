@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from ernie5.audio_features import log_mel
-from ernie5.config import dump
+from ernie5.config import check, dump
 from ernie5.data.root import DataMissing, resolve_data_dir
 from ernie5.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.audio_codec import AudioCodec, mel_distance, snr_db
@@ -83,11 +83,6 @@ _DTMF_WORDS = {"star": "*", "pound": "#"} | {
     w: str(d)
     for d, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"))
 }
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,34 +150,34 @@ class AudioCodecTrainConfig:
     """Seeds the weights, the data, the teacher and the held-out DTMF set (``seed + 1_000_003``)."""
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1, f"steps={self.steps} must be >= 1")
-        _check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
+        check(self.steps >= 1, f"steps={self.steps} must be >= 1")
+        check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         lo, hi = self.crop_s
-        _check(0 < lo <= hi, f"crop_s={list(self.crop_s)} must satisfy 0 < low <= high")
-        _check(self.lr > 0, f"lr={self.lr} must be > 0")
-        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
-        _check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        _check(all(0 <= b < 1 for b in self.betas), f"betas={list(self.betas)} must be in [0, 1)")
-        _check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
+        check(0 < lo <= hi, f"crop_s={list(self.crop_s)} must satisfy 0 < low <= high")
+        check(self.lr > 0, f"lr={self.lr} must be > 0")
+        check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
+        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        check(all(0 <= b < 1 for b in self.betas), f"betas={list(self.betas)} must be in [0, 1)")
+        check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
         weights = (self.stft_weight, self.mel_weight, self.wave_weight, self.commit_weight)
-        _check(all(w >= 0 for w in weights), "loss weights must be >= 0")
-        _check(
+        check(all(w >= 0 for w in weights), "loss weights must be >= 0")
+        check(
             all(n >= 2 and 1 <= h <= n for n, h in self.stft_resolutions),
             f"stft_resolutions={[list(r) for r in self.stft_resolutions]}: need n_fft >= 2 and "
             "1 <= hop <= n_fft",
         )
         shares = (self.dtmf_weight, self.fsdd_weight, self.fsdd_seq_weight, self.ljspeech_weight)
-        _check(all(w >= 0 for w in shares), "source weights must be >= 0")
-        _check(self.dtmf_weight > 0, f"dtmf_weight={self.dtmf_weight} must be > 0 (the data-free source)")
-        _check(self.fsdd_seq_pool >= 1, f"fsdd_seq_pool={self.fsdd_seq_pool} must be >= 1")
-        _check(self.gain_db >= 0, f"gain_db={self.gain_db} must be >= 0")
-        _check(
+        check(all(w >= 0 for w in shares), "source weights must be >= 0")
+        check(self.dtmf_weight > 0, f"dtmf_weight={self.dtmf_weight} must be > 0 (the data-free source)")
+        check(self.fsdd_seq_pool >= 1, f"fsdd_seq_pool={self.fsdd_seq_pool} must be >= 1")
+        check(self.gain_db >= 0, f"gain_db={self.gain_db} must be >= 0")
+        check(
             self.teacher_fit_crops >= 1 and self.teacher_iters >= 1,
             "teacher_fit_crops and teacher_iters must be >= 1",
         )
-        _check(self.eval_fsdd >= 0 and self.eval_dtmf >= 1, "eval_fsdd must be >= 0 and eval_dtmf >= 1")
-        _check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
-        _check(
+        check(self.eval_fsdd >= 0 and self.eval_dtmf >= 1, "eval_fsdd must be >= 0 and eval_dtmf >= 1")
+        check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
+        check(
             self.codec.teacher != "whisper" or bool(self.whisper_source),
             "codec.teacher='whisper' needs whisper_source (a Whisper model id or folder)",
         )

@@ -9,12 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ernie5.config import check
 from ernie5.model.config import ModelConfig
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,11 +31,11 @@ class OptimConfig:
     """Fused AdamW kernel (about 8x faster than the default for-loop on CPU)."""
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0, f"lr={self.lr} must be > 0")
-        _check(all(0 <= b < 1 for b in self.betas), f"betas={list(self.betas)} must be in [0, 1)")
-        _check(self.eps > 0, f"eps={self.eps} must be > 0")
-        _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
-        _check(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
+        check(self.lr > 0, f"lr={self.lr} must be > 0")
+        check(all(0 <= b < 1 for b in self.betas), f"betas={list(self.betas)} must be in [0, 1)")
+        check(self.eps > 0, f"eps={self.eps} must be > 0")
+        check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
+        check(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,9 +52,9 @@ class ScheduleConfig:
     """Final lr as a fraction of the peak (the paper's mid-training cosine goes 1e-4 -> 1e-5)."""
 
     def __post_init__(self) -> None:
-        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
-        _check(0 <= self.decay_frac <= 1, f"decay_frac={self.decay_frac} must be in [0, 1]")
-        _check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
+        check(0 <= self.decay_frac <= 1, f"decay_frac={self.decay_frac} must be in [0, 1]")
+        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,10 +79,10 @@ class ElasticConfig:
     def __post_init__(self) -> None:
         for name in ("p_full_depth", "p_full_width", "p_default_top_k"):
             v = getattr(self, name)
-            _check(0 <= v <= 1, f"{name}={v} must be in [0, 1]")
-        _check(0 < self.min_depth <= 1, f"min_depth={self.min_depth} must be in (0, 1]")
-        _check(0 < self.width_fraction <= 1, f"width_fraction={self.width_fraction} must be in (0, 1]")
-        _check(self.min_top_k >= 1, f"min_top_k={self.min_top_k} must be >= 1")
+            check(0 <= v <= 1, f"{name}={v} must be in [0, 1]")
+        check(0 < self.min_depth <= 1, f"min_depth={self.min_depth} must be in (0, 1]")
+        check(0 < self.width_fraction <= 1, f"width_fraction={self.width_fraction} must be in (0, 1]")
+        check(self.min_top_k >= 1, f"min_top_k={self.min_top_k} must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,16 +113,14 @@ class DataConfig:
     """Bitwise self-correction: each micro-batch flips history bits with p ~ U(0, vision_flip_max)."""
 
     def __post_init__(self) -> None:
-        _check(self.seq_len >= 8, f"seq_len={self.seq_len} must be >= 8")
-        _check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
-        _check(bool(self.sources), "sources must name at least one source")
-        _check(all(w >= 0 for w in self.sources.values()), f"sources={self.sources} weights must be >= 0")
-        _check(sum(self.sources.values()) > 0, f"sources={self.sources} needs a positive weight")
-        _check(self.tokenizer_chars >= 1000, f"tokenizer_chars={self.tokenizer_chars} must be >= 1000")
-        _check(0 <= self.cfg_dropout <= 1, f"cfg_dropout={self.cfg_dropout} must be in [0, 1]")
-        _check(
-            0 <= self.vision_flip_max <= 0.5, f"vision_flip_max={self.vision_flip_max} must be in [0, 0.5]"
-        )
+        check(self.seq_len >= 8, f"seq_len={self.seq_len} must be >= 8")
+        check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
+        check(bool(self.sources), "sources must name at least one source")
+        check(all(w >= 0 for w in self.sources.values()), f"sources={self.sources} weights must be >= 0")
+        check(sum(self.sources.values()) > 0, f"sources={self.sources} needs a positive weight")
+        check(self.tokenizer_chars >= 1000, f"tokenizer_chars={self.tokenizer_chars} must be >= 1000")
+        check(0 <= self.cfg_dropout <= 1, f"cfg_dropout={self.cfg_dropout} must be in [0, 1]")
+        check(0 <= self.vision_flip_max <= 0.5, f"vision_flip_max={self.vision_flip_max} must be in [0, 0.5]")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -172,16 +166,16 @@ class TrainConfig:
     """Peak FLOP/s for the MFU estimate (0 = measure a bf16 matmul at start)."""
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1, f"steps={self.steps} must be >= 1")
-        _check(self.grad_accum >= 1, f"grad_accum={self.grad_accum} must be >= 1")
-        _check(self.threads >= 0, f"threads={self.threads} must be >= 0")
-        _check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
-        _check(self.ckpt_every >= 1, f"ckpt_every={self.ckpt_every} must be >= 1")
-        _check(self.keep_ckpts >= 1, f"keep_ckpts={self.keep_ckpts} must be >= 1")
-        _check(self.bias_speed >= 0 and self.bias_speed_final >= 0, "bias_speed values must be >= 0")
-        _check(self.mtp_weight >= 0 and self.mtp_weight_final >= 0, "mtp_weight values must be >= 0")
-        _check(0 <= self.stage2_frac <= 1, f"stage2_frac={self.stage2_frac} must be in [0, 1]")
-        _check(self.peak_flops >= 0, f"peak_flops={self.peak_flops} must be >= 0")
+        check(self.steps >= 1, f"steps={self.steps} must be >= 1")
+        check(self.grad_accum >= 1, f"grad_accum={self.grad_accum} must be >= 1")
+        check(self.threads >= 0, f"threads={self.threads} must be >= 0")
+        check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
+        check(self.ckpt_every >= 1, f"ckpt_every={self.ckpt_every} must be >= 1")
+        check(self.keep_ckpts >= 1, f"keep_ckpts={self.keep_ckpts} must be >= 1")
+        check(self.bias_speed >= 0 and self.bias_speed_final >= 0, "bias_speed values must be >= 0")
+        check(self.mtp_weight >= 0 and self.mtp_weight_final >= 0, "mtp_weight values must be >= 0")
+        check(0 <= self.stage2_frac <= 1, f"stage2_frac={self.stage2_frac} must be in [0, 1]")
+        check(self.peak_flops >= 0, f"peak_flops={self.peak_flops} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,7 +190,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def __post_init__(self) -> None:
-        _check(
+        check(
             self.data.seq_len <= self.model.max_seq_len,
             f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}",
         )

@@ -54,18 +54,13 @@ import numpy as np
 import torch
 from PIL import Image, ImageFilter
 
-from ernie5.config import dump
+from ernie5.config import check, dump
 from ernie5.data.root import resolve_data_dir
 from ernie5.refiner import Refiner, RefinerConfig, to_pixels, upsample_uint8
 from ernie5.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.vision import VisionTokenizer, reconstruct
 from evals.metrics import psnr, ssim
 from train.vision_tokenizer import mnist_digits
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 def _is_range(pair: tuple[float, float], lo: float, hi: float) -> bool:
@@ -124,23 +119,23 @@ class RefinerTrainConfig:
     """Seeds the weights, the data, the degradations, the loss noise and the held-out sets."""
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1 and self.batch_size >= 1, "steps and batch_size must be >= 1")
-        _check(self.lr > 0, f"lr={self.lr} must be > 0")
-        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
-        _check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        _check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
-        _check(0 <= self.ema_decay < 1, f"ema_decay={self.ema_decay} must be in [0, 1)")
+        check(self.steps >= 1 and self.batch_size >= 1, "steps and batch_size must be >= 1")
+        check(self.lr > 0, f"lr={self.lr} must be > 0")
+        check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
+        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
+        check(0 <= self.ema_decay < 1, f"ema_decay={self.ema_decay} must be in [0, 1)")
         probs = (self.mnist_fraction, self.p_tokenizer, self.p_blur, self.p_noise, self.p_jpeg)
-        _check(all(0 <= p <= 1 for p in probs), "mnist_fraction and p_* must be in [0, 1]")
-        _check(
+        check(all(0 <= p <= 1 for p in probs), "mnist_fraction and p_* must be in [0, 1]")
+        check(
             _is_range(self.blur_radius, 0, 10), f"blur_radius={self.blur_radius} must be 0 <= lo <= hi <= 10"
         )
-        _check(0 <= self.noise_std_max <= 64, f"noise_std_max={self.noise_std_max} must be in [0, 64]")
-        _check(_is_range(self.jpeg_quality, 1, 100), f"jpeg_quality={self.jpeg_quality} must be in [1, 100]")
-        _check(self.eval_images >= 1, f"eval_images={self.eval_images} must be >= 1")
-        _check(bool(self.eval_steps) and min(self.eval_steps) >= 1, "eval_steps must be non-empty and >= 1")
-        _check(0 <= self.sdedit_start_t <= 1, f"sdedit_start_t={self.sdedit_start_t} must be in [0, 1]")
-        _check(self.sdedit_steps >= 1 and self.log_every >= 1, "sdedit_steps and log_every must be >= 1")
+        check(0 <= self.noise_std_max <= 64, f"noise_std_max={self.noise_std_max} must be in [0, 64]")
+        check(_is_range(self.jpeg_quality, 1, 100), f"jpeg_quality={self.jpeg_quality} must be in [1, 100]")
+        check(self.eval_images >= 1, f"eval_images={self.eval_images} must be >= 1")
+        check(bool(self.eval_steps) and min(self.eval_steps) >= 1, "eval_steps must be non-empty and >= 1")
+        check(0 <= self.sdedit_start_t <= 1, f"sdedit_start_t={self.sdedit_start_t} must be in [0, 1]")
+        check(self.sdedit_steps >= 1 and self.log_every >= 1, "sdedit_steps and log_every must be >= 1")
 
 
 # ---------------------------------------------------------------------- schedule
@@ -314,7 +309,7 @@ def train_refiner(
     tok = None
     if tokenizer_path is not None:
         tok = VisionTokenizer.load(tokenizer_path)
-        _check(
+        check(
             tok.cfg.image_size == rc.low_size and tok.cfg.mode == "2d",
             f"tokenizer {tokenizer_path}: need a 2d tokenizer with image_size={rc.low_size}, got "
             f"{tok.cfg.mode} at {tok.cfg.image_size}",

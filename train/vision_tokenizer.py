@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ernie5.config import dump
+from ernie5.config import check, dump
 from ernie5.data.root import DataMissing, resolve_data_dir
 from ernie5.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.vision import (
@@ -62,11 +62,6 @@ from ernie5.tokenizers.vision_losses import (
     reconstruction_loss,
 )
 from evals.metrics import psnr, ssim
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,13 +123,13 @@ class VisionTokenizerTrainConfig:
     """Seeds the weights, the data and the held-out sets."""
 
     def __post_init__(self) -> None:
-        _check(self.tokenizer.mode == "2d", f"tokenizer.mode={self.tokenizer.mode!r} must be '2d'")
-        _check(self.steps >= 1, f"steps={self.steps} must be >= 1")
-        _check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
-        _check(self.lr > 0 and self.video_lr > 0, "lr and video_lr must be > 0")
-        _check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
-        _check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        _check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
+        check(self.tokenizer.mode == "2d", f"tokenizer.mode={self.tokenizer.mode!r} must be '2d'")
+        check(self.steps >= 1, f"steps={self.steps} must be >= 1")
+        check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
+        check(self.lr > 0 and self.video_lr > 0, "lr and video_lr must be > 0")
+        check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
+        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
         weights = (
             self.rec_weight,
             self.ssim_weight,
@@ -142,25 +137,25 @@ class VisionTokenizerTrainConfig:
             self.commit_weight,
             self.adv_weight,
         )
-        _check(all(w >= 0 for w in weights), "loss weights must be >= 0")
-        _check(0 <= self.adv_start_frac <= 1, f"adv_start_frac={self.adv_start_frac} must be in [0, 1]")
+        check(all(w >= 0 for w in weights), "loss weights must be >= 0")
+        check(0 <= self.adv_start_frac <= 1, f"adv_start_frac={self.adv_start_frac} must be in [0, 1]")
         fracs = [f for f, _ in self.bits_schedule]
         depths = [b for _, b in self.bits_schedule]
-        _check(
+        check(
             bool(fracs) and fracs[0] == 0 and all(a < b for a, b in zip(fracs, fracs[1:])) and fracs[-1] < 1,
             f"bits_schedule fractions {fracs} must start at 0, increase and stay < 1",
         )
-        _check(
+        check(
             all(1 <= b <= self.tokenizer.latent_bits for b in depths) and depths == sorted(depths),
             f"bits_schedule depths {depths} must be non-decreasing in [1, tokenizer.latent_bits]",
         )
-        _check(0 <= self.low_bits_prob <= 1, f"low_bits_prob={self.low_bits_prob} must be in [0, 1]")
-        _check(0 <= self.mnist_fraction <= 1, f"mnist_fraction={self.mnist_fraction} must be in [0, 1]")
-        _check(self.video_steps >= 0, f"video_steps={self.video_steps} must be >= 0")
-        _check(self.video_batch_size >= 1 and self.video_frames >= 1, "video batch and frames must be >= 1")
-        _check(self.video_image_batch_size >= 0, "video_image_batch_size must be >= 0")
-        _check(self.eval_images >= 1 and self.eval_clips >= 1, "eval_images and eval_clips must be >= 1")
-        _check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
+        check(0 <= self.low_bits_prob <= 1, f"low_bits_prob={self.low_bits_prob} must be in [0, 1]")
+        check(0 <= self.mnist_fraction <= 1, f"mnist_fraction={self.mnist_fraction} must be in [0, 1]")
+        check(self.video_steps >= 0, f"video_steps={self.video_steps} must be >= 0")
+        check(self.video_batch_size >= 1 and self.video_frames >= 1, "video batch and frames must be >= 1")
+        check(self.video_image_batch_size >= 0, "video_image_batch_size must be >= 0")
+        check(self.eval_images >= 1 and self.eval_clips >= 1, "eval_images and eval_clips must be >= 1")
+        check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
 
 
 # ---------------------------------------------------------------------- schedules

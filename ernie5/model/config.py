@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
+from ernie5.config import check
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,16 +39,16 @@ class MoEConfig:
     pairs by expert and runs bucketed batched GEMMs; ``auto`` picks by device and dtype."""
 
     def __post_init__(self) -> None:
-        _check(self.n_experts >= 1, f"n_experts={self.n_experts} must be >= 1")
-        _check(self.n_shared_experts >= 0, f"n_shared_experts={self.n_shared_experts} must be >= 0")
-        _check(self.d_expert >= 1, f"d_expert={self.d_expert} must be >= 1")
-        _check(
+        check(self.n_experts >= 1, f"n_experts={self.n_experts} must be >= 1")
+        check(self.n_shared_experts >= 0, f"n_shared_experts={self.n_shared_experts} must be >= 0")
+        check(self.d_expert >= 1, f"d_expert={self.d_expert} must be >= 1")
+        check(
             1 <= self.top_k <= self.n_experts,
             f"top_k={self.top_k} must be in [1, n_experts={self.n_experts}]",
         )
-        _check(self.route_scale > 0, f"route_scale={self.route_scale} must be > 0")
-        _check(self.aux_loss_coef >= 0, f"aux_loss_coef={self.aux_loss_coef} must be >= 0")
-        _check(self.z_loss_coef >= 0, f"z_loss_coef={self.z_loss_coef} must be >= 0")
+        check(self.route_scale > 0, f"route_scale={self.route_scale} must be > 0")
+        check(self.aux_loss_coef >= 0, f"aux_loss_coef={self.aux_loss_coef} must be >= 0")
+        check(self.z_loss_coef >= 0, f"z_loss_coef={self.z_loss_coef} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,7 +59,7 @@ class MTPConfig:
     """Number of sequential MTP modules D (DeepSeek-V3 and our default: 1; 0 disables MTP)."""
 
     def __post_init__(self) -> None:
-        _check(0 <= self.n_depth <= 4, f"n_depth={self.n_depth} must be in [0, 4]")
+        check(0 <= self.n_depth <= 4, f"n_depth={self.n_depth} must be in [0, 4]")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,26 +92,26 @@ class VisionConfig:
     """Longest clip."""
 
     def __post_init__(self) -> None:
-        _check(
+        check(
             self.image_size % self.latent_size == 0,
             f"image_size={self.image_size} must be a multiple of latent_size={self.latent_size}",
         )
-        _check(self.latent_bits >= 1, f"latent_bits={self.latent_bits} must be >= 1")
-        _check(
+        check(self.latent_bits >= 1, f"latent_bits={self.latent_bits} must be >= 1")
+        check(
             len(self.scales) >= 1
             and list(self.scales) == sorted(self.scales)
             and self.scales[-1] == self.latent_size,
             f"scales={list(self.scales)} must be increasing and end at latent_size={self.latent_size}",
         )
-        _check(
+        check(
             self.latent_size % self.merge == 0,
             f"merge={self.merge} must divide latent_size={self.latent_size}",
         )
-        _check(
+        check(
             self.vit_dim % self.vit_heads == 0,
             f"vit_heads={self.vit_heads} must divide vit_dim={self.vit_dim}",
         )
-        _check(self.merge_frames >= 1 and self.max_frames >= 1, "merge_frames and max_frames must be >= 1")
+        check(self.merge_frames >= 1 and self.max_frames >= 1, "merge_frames and max_frames must be >= 1")
 
     @property
     def patch(self) -> int:
@@ -143,10 +140,10 @@ class AudioConfig:
     """Per-level weights of the NCP loss; empty = all 1."""
 
     def __post_init__(self) -> None:
-        _check(1 <= self.n_levels <= 16, f"n_levels={self.n_levels} must be in [1, 16]")
-        _check(self.codebook_size >= 2, f"codebook_size={self.codebook_size} must be >= 2")
-        _check(self.n_speakers >= 1, f"n_speakers={self.n_speakers} must be >= 1")
-        _check(
+        check(1 <= self.n_levels <= 16, f"n_levels={self.n_levels} must be in [1, 16]")
+        check(self.codebook_size >= 2, f"codebook_size={self.codebook_size} must be >= 2")
+        check(self.n_speakers >= 1, f"n_speakers={self.n_speakers} must be >= 1")
+        check(
             not self.level_weights
             or (len(self.level_weights) == self.n_levels and all(w >= 0 for w in self.level_weights)),
             f"level_weights={list(self.level_weights)} must be empty or {self.n_levels} weights >= 0",
@@ -204,35 +201,35 @@ class ModelConfig:
     """Speech/audio inputs and outputs (off unless ``audio.enabled``)."""
 
     def __post_init__(self) -> None:
-        _check(self.vocab_size >= 16, f"vocab_size={self.vocab_size} must be >= 16")
-        _check(self.d_model >= 8, f"d_model={self.d_model} must be >= 8")
-        _check(self.n_layers >= 1, f"n_layers={self.n_layers} must be >= 1")
-        _check(self.n_heads >= 1, f"n_heads={self.n_heads} must be >= 1")
-        _check(
+        check(self.vocab_size >= 16, f"vocab_size={self.vocab_size} must be >= 16")
+        check(self.d_model >= 8, f"d_model={self.d_model} must be >= 8")
+        check(self.n_layers >= 1, f"n_layers={self.n_layers} must be >= 1")
+        check(self.n_heads >= 1, f"n_heads={self.n_heads} must be >= 1")
+        check(
             self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0,
             f"n_kv_heads={self.n_kv_heads} must be >= 1 and divide n_heads={self.n_heads}",
         )
-        _check(self.head_dim >= 0, f"head_dim={self.head_dim} must be >= 0")
-        _check(
+        check(self.head_dim >= 0, f"head_dim={self.head_dim} must be >= 0")
+        check(
             self.head_dim > 0 or self.d_model % self.n_heads == 0,
             f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} when head_dim=0",
         )
-        _check(self.dim_head % 2 == 0, f"head_dim={self.dim_head} must be even (rotary pairs)")
+        check(self.dim_head % 2 == 0, f"head_dim={self.dim_head} must be even (rotary pairs)")
         if self.rope_sections:
-            _check(
+            check(
                 len(self.rope_sections) == 3 and sum(self.rope_sections) == self.dim_head // 2,
                 f"rope_sections={list(self.rope_sections)} must be 3 ints summing to head_dim/2="
                 f"{self.dim_head // 2}",
             )
-        _check(self.rope_theta > 1, f"rope_theta={self.rope_theta} must be > 1")
-        _check(self.max_seq_len >= 2, f"max_seq_len={self.max_seq_len} must be >= 2")
-        _check(0 < self.norm_eps < 1, f"norm_eps={self.norm_eps} must be in (0, 1)")
-        _check(self.init_std > 0, f"init_std={self.init_std} must be > 0")
-        _check(
+        check(self.rope_theta > 1, f"rope_theta={self.rope_theta} must be > 1")
+        check(self.max_seq_len >= 2, f"max_seq_len={self.max_seq_len} must be >= 2")
+        check(0 < self.norm_eps < 1, f"norm_eps={self.norm_eps} must be in (0, 1)")
+        check(self.init_std > 0, f"init_std={self.init_std} must be > 0")
+        check(
             0 <= self.n_dense_layers <= self.n_layers,
             f"n_dense_layers={self.n_dense_layers} must be in [0, n_layers={self.n_layers}]",
         )
-        _check(self.d_ff >= 1, f"d_ff={self.d_ff} must be >= 1")
+        check(self.d_ff >= 1, f"d_ff={self.d_ff} must be >= 1")
 
     @property
     def dim_head(self) -> int:

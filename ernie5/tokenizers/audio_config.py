@@ -14,15 +14,12 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from ernie5.config import check
+
 MIN_FRAME_RATE = 12.5
 """Slowest allowed codec frame rate (Hz): ERNIE 5.0's and Mimi's 12.5 Hz."""
 MAX_FRAME_RATE = 25.0
 """Fastest allowed codec frame rate (Hz)."""
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,43 +76,43 @@ class AudioCodecConfig:
     """Weight of the semantic distillation loss in training."""
 
     def __post_init__(self) -> None:
-        _check(self.sample_rate >= 1, f"sample_rate={self.sample_rate} must be >= 1")
-        _check(len(self.strides) >= 1, "strides must have at least one stage")
-        _check(all(s >= 1 for s in self.strides), f"strides={list(self.strides)} must all be >= 1")
+        check(self.sample_rate >= 1, f"sample_rate={self.sample_rate} must be >= 1")
+        check(len(self.strides) >= 1, "strides must have at least one stage")
+        check(all(s >= 1 for s in self.strides), f"strides={list(self.strides)} must all be >= 1")
         rate = self.sample_rate / math.prod(self.strides)
-        _check(
+        check(
             MIN_FRAME_RATE <= rate <= MAX_FRAME_RATE,
             f"frame rate sample_rate / prod(strides) = {self.sample_rate} / {math.prod(self.strides)} = "
             f"{rate:g} Hz must be in [{MIN_FRAME_RATE}, {MAX_FRAME_RATE}] (change strides or sample_rate)",
         )
-        _check(self.channels >= 1, f"channels={self.channels} must be >= 1")
-        _check(
+        check(self.channels >= 1, f"channels={self.channels} must be >= 1")
+        check(
             self.max_channels >= self.channels,
             f"max_channels={self.max_channels} must be >= channels={self.channels}",
         )
-        _check(self.kernel_size >= 1, f"kernel_size={self.kernel_size} must be >= 1")
-        _check(
+        check(self.kernel_size >= 1, f"kernel_size={self.kernel_size} must be >= 1")
+        check(
             self.residual_kernel_size >= 1,
             f"residual_kernel_size={self.residual_kernel_size} must be >= 1",
         )
-        _check(self.n_residual >= 0, f"n_residual={self.n_residual} must be >= 0")
-        _check(self.dilation_base >= 1, f"dilation_base={self.dilation_base} must be >= 1")
-        _check(self.latent_dim >= 1, f"latent_dim={self.latent_dim} must be >= 1")
-        _check(self.n_levels >= 1, f"n_levels={self.n_levels} must be >= 1")
-        _check(self.codebook_size >= 2, f"codebook_size={self.codebook_size} must be >= 2")
-        _check(0.0 <= self.ema_decay < 1.0, f"ema_decay={self.ema_decay} must be in [0, 1)")
-        _check(self.eps > 0, f"eps={self.eps} must be > 0")
-        _check(
+        check(self.n_residual >= 0, f"n_residual={self.n_residual} must be >= 0")
+        check(self.dilation_base >= 1, f"dilation_base={self.dilation_base} must be >= 1")
+        check(self.latent_dim >= 1, f"latent_dim={self.latent_dim} must be >= 1")
+        check(self.n_levels >= 1, f"n_levels={self.n_levels} must be >= 1")
+        check(self.codebook_size >= 2, f"codebook_size={self.codebook_size} must be >= 2")
+        check(0.0 <= self.ema_decay < 1.0, f"ema_decay={self.ema_decay} must be in [0, 1)")
+        check(self.eps > 0, f"eps={self.eps} must be > 0")
+        check(
             0.0 <= self.dead_code_threshold < 1.0,
             f"dead_code_threshold={self.dead_code_threshold} must be in [0, 1)",
         )
-        _check(self.kmeans_iters >= 0, f"kmeans_iters={self.kmeans_iters} must be >= 0")
-        _check(
+        check(self.kmeans_iters >= 0, f"kmeans_iters={self.kmeans_iters} must be >= 0")
+        check(
             0.0 <= self.quantizer_dropout <= 1.0,
             f"quantizer_dropout={self.quantizer_dropout} must be in [0, 1]",
         )
-        _check(self.teacher_dim >= 1, f"teacher_dim={self.teacher_dim} must be >= 1")
-        _check(self.distill_weight >= 0, f"distill_weight={self.distill_weight} must be >= 0")
+        check(self.teacher_dim >= 1, f"teacher_dim={self.teacher_dim} must be >= 1")
+        check(self.distill_weight >= 0, f"distill_weight={self.distill_weight} must be >= 0")
 
     @property
     def hop(self) -> int:

@@ -11,10 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
+from ernie5.config import check
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,35 +47,35 @@ class VisionTokenizerConfig:
     """VAR commitment weight ``beta`` in ``beta*||sg(f_hat)-z||^2 + ||f_hat-sg(z)||^2``."""
 
     def __post_init__(self) -> None:
-        _check(self.image_size >= 1, f"image_size={self.image_size} must be >= 1")
-        _check(self.channels >= 1, f"channels={self.channels} must be >= 1")
-        _check(self.base_channels >= 1, f"base_channels={self.base_channels} must be >= 1")
-        _check(len(self.channel_mult) >= 1, "channel_mult must have at least one stage")
-        _check(all(m >= 1 for m in self.channel_mult), f"channel_mult={list(self.channel_mult)} must be >= 1")
-        _check(self.n_res_blocks >= 0, f"n_res_blocks={self.n_res_blocks} must be >= 0")
+        check(self.image_size >= 1, f"image_size={self.image_size} must be >= 1")
+        check(self.channels >= 1, f"channels={self.channels} must be >= 1")
+        check(self.base_channels >= 1, f"base_channels={self.base_channels} must be >= 1")
+        check(len(self.channel_mult) >= 1, "channel_mult must have at least one stage")
+        check(all(m >= 1 for m in self.channel_mult), f"channel_mult={list(self.channel_mult)} must be >= 1")
+        check(self.n_res_blocks >= 0, f"n_res_blocks={self.n_res_blocks} must be >= 0")
         stride = 2 ** len(self.channel_mult)
-        _check(
+        check(
             self.image_size % stride == 0,
             f"image_size={self.image_size} must be divisible by 2**len(channel_mult)={stride}",
         )
         widths = (self.base_channels, *(self.base_channels * m for m in self.channel_mult))
-        _check(
+        check(
             self.norm_groups >= 1 and all(c % self.norm_groups == 0 for c in widths),
             f"norm_groups={self.norm_groups} must divide every stage width {list(widths)}",
         )
-        _check(1 <= self.latent_bits <= 64, f"latent_bits={self.latent_bits} must be in [1, 64]")
-        _check(len(self.scales) >= 1, "scales must have at least one entry")
-        _check(
+        check(1 <= self.latent_bits <= 64, f"latent_bits={self.latent_bits} must be in [1, 64]")
+        check(len(self.scales) >= 1, "scales must have at least one entry")
+        check(
             all(a < b for a, b in zip(self.scales, self.scales[1:])) and self.scales[0] >= 1,
             f"scales={list(self.scales)} must be strictly increasing and >= 1",
         )
-        _check(
+        check(
             self.scales[-1] == self.latent_size,
             f"scales[-1]={self.scales[-1]} must equal the latent grid side {self.latent_size} "
             f"(image_size / 2**len(channel_mult))",
         )
-        _check(self.temporal_kernel >= 1, f"temporal_kernel={self.temporal_kernel} must be >= 1")
-        _check(self.commit_beta >= 0, f"commit_beta={self.commit_beta} must be >= 0")
+        check(self.temporal_kernel >= 1, f"temporal_kernel={self.temporal_kernel} must be >= 1")
+        check(self.commit_beta >= 0, f"commit_beta={self.commit_beta} must be >= 0")
 
     @property
     def latent_size(self) -> int:

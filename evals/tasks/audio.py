@@ -61,7 +61,7 @@ from evals.api import (
 )
 from evals.metrics import char_errors, word_errors
 from evals.task import TASKS, Example, Score, Task
-from evals.tasks.vision import _ChoiceOverMedia, _question
+from evals.tasks.vision import CountOptions, _ChoiceOverMedia, _question
 from train.audio_data import (
     DIGIT_SPOKEN_QUESTION,
     SPEAKER_QUESTION,
@@ -87,18 +87,6 @@ class AudioExample(Example):
 
     wave: Any = field(default=None, hash=False, compare=False)
     info: dict = field(default_factory=dict, hash=False, compare=False)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CountOptions:
-    """Options of the generated audio tasks."""
-
-    n_examples: int = 200
-    """Examples generated (procedural and multi-digit tasks)."""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.n_examples <= 100_000:
-            raise ValueError(f"n_examples={self.n_examples} must be in [1, 100000]")
 
 
 def _part(wave: np.ndarray) -> MediaPart:

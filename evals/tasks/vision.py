@@ -71,7 +71,7 @@ class MediaExample(Example):
 
 @dataclass(frozen=True, kw_only=True)
 class CountOptions:
-    """Options of the procedural vision tasks."""
+    """Options of the generated tasks (vision and audio): how many examples to make."""
 
     n_examples: int = 200
     """Examples generated when no ``limit`` is given."""
