@@ -59,16 +59,7 @@ def _prefill_docs(model, docs: list, subnet, cache):
     lens = [sum(len(s) for s in d) for d in docs]
     t0 = max(lens)
     batch = pack(docs, t0, n_rows=len(docs), one_per_row=True).to(model.tok_emb.weight.device)
-    out = model(
-        batch.input_ids,
-        positions_3BT=batch.positions,
-        doc_ids_BT=batch.doc_ids,
-        block_ids_BT=batch.block_ids,
-        vision=batch.vision,
-        audio=batch.audio,
-        subnet=subnet,
-        cache=cache,
-    )
+    out = model(**batch.model_inputs(targets=False), subnet=subnet, cache=cache)
     rows = torch.arange(len(docs))
     last = torch.tensor(lens) - 1
     next_pos = batch.positions.amax(dim=0)[rows, last] + 1

@@ -101,12 +101,7 @@ def generate_audio(
     pick = _sampler(sampling, ac.end_code, n_done, gen)
     cache = model.new_cache(b, total)
     out = model(
-        batch.input_ids,
-        positions_3BT=batch.positions,
-        doc_ids_BT=batch.doc_ids,
-        block_ids_BT=batch.block_ids,
-        vision=batch.vision,
-        audio=audio,
+        **{**batch.model_inputs(targets=False), "audio": audio},
         audio_sampler=pick,
         subnet=subnet,
         cache=cache,

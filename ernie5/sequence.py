@@ -206,20 +206,22 @@ class Batch:
     audio: AudioInputs | None = None
     """Codec frames, start positions and NCP targets (None for batches without audio)."""
 
-    def model_inputs(self) -> dict:
-        """Keyword arguments of ``Ernie5Model.forward``."""
-        return {
+    def model_inputs(self, targets: bool = True) -> dict:
+        """Keyword arguments of ``Ernie5Model.forward`` (without targets and loss weights: for
+        scoring and generation prompts)."""
+        kw = {
             "input_ids_BT": self.input_ids,
             "positions_3BT": self.positions,
             "doc_ids_BT": self.doc_ids,
             "block_ids_BT": self.block_ids,
             "input_embeds_MD": self.embeds,
             "embed_mask_BT": self.embed_mask,
-            "targets_BT": self.targets,
-            "loss_weights_BT": self.loss_weights,
             "vision": self.vision,
             "audio": self.audio,
         }
+        if targets:
+            kw.update(targets_BT=self.targets, loss_weights_BT=self.loss_weights)
+        return kw
 
     def to(self, device: torch.device | str) -> Batch:
         """Move every tensor to ``device``."""

@@ -345,15 +345,7 @@ class Ernie5EvalModel:
             batch = pack(chunk, max(lengths), n_rows=len(chunk), one_per_row=True)
             t = time.perf_counter()
             with torch.inference_mode():
-                out = self.model(
-                    batch.input_ids,
-                    positions_3BT=batch.positions,
-                    doc_ids_BT=batch.doc_ids,
-                    block_ids_BT=batch.block_ids,
-                    vision=batch.vision,
-                    audio=batch.audio,
-                    subnet=self.subnet,
-                )
+                out = self.model(**batch.model_inputs(targets=False), subnet=self.subnet)
             self.model_seconds += time.perf_counter() - t
             self._record(out, batch.doc_ids >= 0)
             logprobs = out.logits_BTV.float().log_softmax(-1)
