@@ -111,6 +111,9 @@ class DataConfig:
     """Probability of dropping a generation prompt (trains the unconditional branch of guidance)."""
     vision_flip_max: float = 0.1
     """Bitwise self-correction: each micro-batch flips history bits with p ~ U(0, vision_flip_max)."""
+    media_understanding: float = 0.5
+    """Probability that an image/clip document is an understanding document (image then question or
+    caption) rather than a generation document (prompt then image)."""
 
     def __post_init__(self) -> None:
         check(self.seq_len >= 8, f"seq_len={self.seq_len} must be >= 8")
@@ -120,6 +123,10 @@ class DataConfig:
         check(sum(self.sources.values()) > 0, f"sources={self.sources} needs a positive weight")
         check(self.tokenizer_chars >= 1000, f"tokenizer_chars={self.tokenizer_chars} must be >= 1000")
         check(0 <= self.cfg_dropout <= 1, f"cfg_dropout={self.cfg_dropout} must be in [0, 1]")
+        check(
+            0 <= self.media_understanding <= 1,
+            f"media_understanding={self.media_understanding} must be in [0, 1]",
+        )
         check(0 <= self.vision_flip_max <= 0.5, f"vision_flip_max={self.vision_flip_max} must be in [0, 0.5]")
 
 

@@ -125,7 +125,7 @@ def open_sources(cfg: DataConfig, data_dir: Path | None, image_size: int = 32) -
             elif name in AUDIO_SOURCES:
                 fns.append(open_audio_source(name, data_dir))
             else:
-                fns.append(open_media_source(name, data_dir, image_size))
+                fns.append(open_media_source(name, data_dir, image_size, cfg.media_understanding))
         except DataMissing as e:
             skipped[name] = str(e)
             continue

@@ -71,12 +71,12 @@ DIGIT_MOTION_QUESTION = "Which digit is moving?"
 SHAPE_MOTION_QUESTION = "Which shape is moving?"
 
 
-def _shapes(rng: random.Random, size: int, _data) -> MediaDoc:
+def _shapes(rng: random.Random, size: int, _data, und_p: float) -> MediaDoc:
     from ernie5.data import shapes
 
     scene = shapes.random_scene(rng)
     img = shapes.render(scene, size)
-    if rng.random() < 0.5:
+    if rng.random() < 1.0 - und_p:
         return MediaDoc("gen", img, False, prompt=shapes_prompt(shapes.caption(scene)))
     pick = rng.random()
     if pick < 0.4:
@@ -91,18 +91,18 @@ def _shapes(rng: random.Random, size: int, _data) -> MediaDoc:
     return MediaDoc("und", img, False, text=qa_text(qa.question, qa.answer))
 
 
-def _mnist(rng: random.Random, size: int, data) -> MediaDoc:
+def _mnist(rng: random.Random, size: int, data, und_p: float) -> MediaDoc:
     from ernie5.data.mnist import digit_image
 
     images, labels = data
     i = rng.randrange(len(images))
     img, label = digit_image(images[i], size), int(labels[i])
-    if rng.random() < 0.5:
+    if rng.random() < 1.0 - und_p:
         return MediaDoc("gen", img, False, prompt=digit_prompt(label))
     return MediaDoc("und", img, False, text=qa_text(DIGIT_QUESTION, str(label)))
 
 
-def _moving_shapes(rng: random.Random, size: int, _data) -> MediaDoc:
+def _moving_shapes(rng: random.Random, size: int, _data, und_p: float) -> MediaDoc:
     from ernie5.data import shapes
     from ernie5.data.moving import DIRECTIONS, moving_shape_clip
 
@@ -112,13 +112,13 @@ def _moving_shapes(rng: random.Random, size: int, _data) -> MediaDoc:
         shape, direction, np.random.default_rng(rng.randrange(2**31)), n_frames=CLIP_FRAMES, size=size
     )
     subject = f"a {shape.color} {shape.kind}"
-    if rng.random() < 0.5:
+    if rng.random() < 1.0 - und_p:
         return MediaDoc("gen", clip, True, prompt=motion_prompt(subject, direction))
     q, a = (MOTION_QUESTION, direction) if rng.random() < 0.5 else (SHAPE_MOTION_QUESTION, shape.kind)
     return MediaDoc("und", clip, True, text=qa_text(q, a))
 
 
-def _moving_digits(rng: random.Random, size: int, data) -> MediaDoc:
+def _moving_digits(rng: random.Random, size: int, data, und_p: float) -> MediaDoc:
     from ernie5.data.moving import DIRECTIONS, moving_digits_clip
 
     images, labels = data
@@ -128,7 +128,7 @@ def _moving_digits(rng: random.Random, size: int, data) -> MediaDoc:
         [images[i]], [direction], np.random.default_rng(rng.randrange(2**31)), n_frames=CLIP_FRAMES, size=size
     )
     label = int(labels[i])
-    if rng.random() < 0.5:
+    if rng.random() < 1.0 - und_p:
         return MediaDoc("gen", clip, True, prompt=motion_prompt(f"the digit {label}", direction))
     q, a = (MOTION_QUESTION, direction) if rng.random() < 0.5 else (DIGIT_MOTION_QUESTION, str(label))
     return MediaDoc("und", clip, True, text=qa_text(q, a))
@@ -149,8 +149,11 @@ MEDIA_SOURCES: dict[str, tuple[Callable, Callable | None]] = {
 """Source name -> (document function, loader of the data it needs or None)."""
 
 
-def open_media_source(name: str, data_dir: Path | None, size: int) -> Callable[[random.Random], MediaDoc]:
-    """A document function for ``name`` (raises ``DataMissing`` when its data is absent)."""
+def open_media_source(
+    name: str, data_dir: Path | None, size: int, understanding: float = 0.5
+) -> Callable[[random.Random], MediaDoc]:
+    """A document function for ``name`` (raises ``DataMissing`` when its data is absent);
+    ``understanding`` is the probability of an understanding document."""
     fn, loader = MEDIA_SOURCES[name]
     data = loader(data_dir) if loader is not None else None
-    return lambda rng: fn(rng, size, data)
+    return lambda rng: fn(rng, size, data, understanding)

@@ -89,12 +89,13 @@ class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_loss, _d_nll):  # noqa: D102
         h_ND, weight_VD, g_NV = ctx.saved_tensors
-        scale = d_loss.to(g_NV.dtype)
+        dt = g_NV.dtype  # under autocast the logits are bf16 while h and W stay fp32
+        scale = d_loss.to(dt)
         d_h = d_w = None
         if ctx.needs_input_grad[0]:
-            d_h = (g_NV @ weight_VD).mul_(scale)
+            d_h = (g_NV @ weight_VD.to(dt)).mul_(scale).to(h_ND.dtype)
         if ctx.needs_input_grad[1]:
-            d_w = (g_NV.t() @ h_ND).mul_(scale)
+            d_w = (g_NV.t() @ h_ND.to(dt)).mul_(scale).to(weight_VD.dtype)
         return d_h, d_w, None, None
 
 

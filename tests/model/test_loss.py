@@ -35,6 +35,23 @@ def test_fused_matches_reference_loss_nll_and_grads(monkeypatch, dtype, tol, wei
     assert torch.allclose(w.grad.float(), gw_r.float(), atol=tol, rtol=tol)
 
 
+def test_fused_under_bf16_autocast_with_fp32_weights_gives_fp32_grads():
+    # Under autocast the logits are bf16 while h and W stay fp32: the backward must cast, not fail.
+    h, w, t, wts = _inputs(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_r, _ = linear_cross_entropy_reference(h, w, t, wts)
+    loss_r.backward()
+    gh_r, gw_r = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_f, _ = linear_cross_entropy(h, w, t, wts)
+    loss_f.backward()
+    assert h.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    assert torch.allclose(loss_f, loss_r, atol=2e-2, rtol=2e-2)
+    assert torch.allclose(h.grad, gh_r, atol=2e-2, rtol=2e-2)
+    assert torch.allclose(w.grad, gw_r, atol=2e-2, rtol=2e-2)
+
+
 def test_without_grad_the_fused_path_is_not_taken_and_values_agree():
     h, w, t, wts = _inputs(torch.float32)
     ref = linear_cross_entropy_reference(h.detach(), w.detach(), t, wts)

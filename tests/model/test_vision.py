@@ -126,6 +126,32 @@ def test_nfsp_teacher_forced_loss_falls_when_overfitting(vtok):
     assert losses[-1] < 0.5 * losses[0]
 
 
+def test_understanding_answers_are_learned_from_the_image(vtok):
+    # Four images, one question, four answers: only the merged image embeddings tell them apart.
+    m = _model()
+    enc = encode_media(vtok, to_pixels(_images(4, seed=3), clip=False), codes=False)
+    docs = [
+        [
+            text_segment([BOS, BOI], loss=False),
+            understanding_segment(VCFG, enc.pixels[i], enc.cnn[i]),
+            text_segment([EOI], loss=False),
+            text_segment([30, 31, 40 + i]),
+        ]
+        for i in range(4)
+    ]
+    batch = pack(docs, seq_len=32, n_rows=4, one_per_row=True)
+    answer = (batch.targets >= 40) & (batch.targets < 44)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    for _ in range(60):
+        out = m(**batch.model_inputs())
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+    with torch.no_grad():
+        logits = m(**batch.model_inputs(), return_logits=True).logits_BTV
+    assert logits[answer].argmax(-1).tolist() == [40, 41, 42, 43]
+
+
 def test_generate_media_is_deterministic_and_shaped(vtok):
     m = _model().eval()
     a = generate_media(m, vtok, [[BOS, 5, 6], [BOS, 7]], n_frames=1, cfg_scale=2.0, seed=3)
