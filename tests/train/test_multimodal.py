@@ -133,3 +133,25 @@ def test_audio_sources_need_a_fitting_codec(codec_dir, tmp_path):
         pretrain(_audio_cfg(codec_dir, "data.audio_codec=''"), tmp_path / "x", quiet=True)
     with pytest.raises(RunError, match="does not fit"):
         pretrain(_audio_cfg(codec_dir, "model.audio.codebook_size=32"), tmp_path / "y", quiet=True)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.6, 1.0])
+def test_media_understanding_sets_the_share_of_understanding_documents(share):
+    import random
+
+    from train.vision_data import open_media_source
+
+    for name in ("shapes", "moving_shapes"):
+        fn = open_media_source(name, None, 32, understanding=share)
+        rng = random.Random(0)
+        kinds = [fn(rng).kind for _ in range(300)]
+        got = kinds.count("und") / len(kinds)
+        assert got == pytest.approx(share, abs=0.07), (name, got)
+
+
+def test_media_understanding_out_of_range_is_a_config_error():
+    from ernie5.config import ConfigError
+    from train.config import DataConfig
+
+    with pytest.raises((ConfigError, ValueError), match="media_understanding"):
+        DataConfig(media_understanding=1.5)
