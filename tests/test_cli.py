@@ -116,3 +116,18 @@ def test_train_extract_generate_params_on_a_checkpoint(tmp_path, capsys):
     )
     captured = capsys.readouterr()
     assert "acceptance_rate" in captured.err
+
+
+def test_a_closed_output_pipe_exits_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    # `ernie5 params --json | head -c 0`: the reader is gone before the JSON is written.
+    code = (
+        "import sys; from ernie5.cli import main; sys.exit(main(['params', '--config', 'micro', '--json']))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err
