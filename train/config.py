@@ -171,6 +171,10 @@ class TrainConfig:
     """Weight of the Next-Codec-Prediction loss (mean over levels) next to the text cross-entropy."""
     peak_flops: float = 0.0
     """Peak FLOP/s for the MFU estimate (0 = measure a bf16 matmul at start)."""
+    init_from: str = ""
+    """A checkpoint (or run folder: its newest) whose weights, text tokenizer and frozen media
+    models start this run: continued pretraining on another mixture, later SFT. The optimizer, the
+    schedule and the step count start fresh; its model config must equal ``model``."""
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, f"steps={self.steps} must be >= 1")

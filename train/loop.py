@@ -30,7 +30,13 @@ from pathlib import Path
 
 import torch
 
-from ernie5.checkpoint import load_checkpoint, load_train_state, save_checkpoint
+from ernie5.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_train_state,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
 from ernie5.data.root import resolve_data_dir
 from ernie5.distributed import init_dist
@@ -139,6 +145,8 @@ class Trainer:
             self.vision_tokenizer = ckpt.vision_tokenizer
             self.refiner = ckpt.refiner
             self.audio_codec = ckpt.audio_codec
+        elif cfg.train.init_from:
+            self._init_from(cfg.train.init_from, tok_path)
         else:
             self.vision_tokenizer = self._load_vision_tokenizer()
             self.audio_codec = self._load_audio_codec()
@@ -197,6 +205,25 @@ class Trainer:
             metrics = self.run_dir / "metrics.jsonl"
             kept = [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step]
             rewrite_jsonl(metrics, kept)
+
+    def _init_from(self, path: str, tok_path: Path) -> None:
+        """Start from another run's weights, tokenizer and frozen media models (fresh optimizer)."""
+        try:
+            ckpt = load_checkpoint(resolve_checkpoint(path))
+        except (CheckpointError, OSError) as e:
+            raise RunError(f"train.init_from: {str(e).splitlines()[0]}") from None
+        if to_dict(ckpt.cfg) != to_dict(self.cfg.model):
+            diff = _first_difference(to_dict(ckpt.cfg), to_dict(self.cfg.model))
+            raise RunError(f"train.init_from: {path} has a different model config ({diff})")
+        if ckpt.tokenizer is None:
+            raise RunError(f"train.init_from: {path} has no text tokenizer")
+        self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
+        self.vision_tokenizer = ckpt.vision_tokenizer or self._load_vision_tokenizer()
+        self.audio_codec = ckpt.audio_codec or self._load_audio_codec()
+        self.refiner = ckpt.refiner or self._load_refiner()
+        if self.dist.main and not tok_path.exists():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.tokenizer.save(tok_path)
 
     def _load_audio_codec(self):
         """The frozen audio codec named by ``data.audio_codec`` (audio models only)."""

@@ -95,3 +95,32 @@ def test_data_stream_is_a_pure_function_of_the_step(straight_run):
     assert (a.input_ids == b.input_ids).all() and (a.targets == b.targets).all()
     assert not (stream.batch(5, 1).input_ids == a.input_ids).all()  # another micro-batch / process
     assert a.input_ids.shape == (cfg.data.batch_size, cfg.data.seq_len)
+
+
+def test_init_from_starts_from_the_weights_of_another_run(straight_run, tmp_path):
+    parent = load_checkpoint(checkpoint_dirs(straight_run)[-1])
+    out = tmp_path / "child"
+    pretrain(_cfg("train.steps=2", "train.ckpt_every=1", f"train.init_from={straight_run}"), out, quiet=True)
+    first = load_checkpoint(checkpoint_dirs(out)[0])  # after one step at the warmup learning rate
+    child_losses = _losses(out)
+    fresh = _losses(straight_run)
+    # the child starts where the parent ended (loss far below a fresh model's first steps)
+    assert child_losses[0][1] < fresh[0][1] - 0.5
+    assert (out / "tokenizer.json").read_text() == (straight_run / "tokenizer.json").read_text()
+    moved = [
+        float((a - b).abs().max())
+        for a, b in zip(first.model.state_dict().values(), parent.model.state_dict().values(), strict=True)
+        if a.is_floating_point()
+    ]
+    assert max(moved) < 0.05  # one small step away from the parent's weights
+
+
+def test_init_from_with_another_model_config_is_a_run_error(straight_run, tmp_path):
+    with pytest.raises(RunError, match="train.init_from: .* different model config"):
+        pretrain(
+            _cfg("train.steps=1", "model.n_layers=3", f"train.init_from={straight_run}"),
+            tmp_path / "x",
+            quiet=True,
+        )
+    with pytest.raises(RunError, match="train.init_from"):
+        pretrain(_cfg("train.steps=1", f"train.init_from={tmp_path / 'nothing'}"), tmp_path / "y", quiet=True)
