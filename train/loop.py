@@ -138,13 +138,8 @@ class Trainer:
         cfg = self.cfg
         self.sources = open_sources(cfg.data, self.data_dir, cfg.model.vision.image_size)
         tok_path = self.run_dir / "tokenizer.json"
-        self.vision_tokenizer = None
         if self.resume_dir is not None:
-            ckpt = load_checkpoint(self.resume_dir)
-            self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
-            self.vision_tokenizer = ckpt.vision_tokenizer
-            self.refiner = ckpt.refiner
-            self.audio_codec = ckpt.audio_codec
+            self._adopt(load_checkpoint(self.resume_dir))
         elif cfg.train.init_from:
             self._init_from(cfg.train.init_from, tok_path)
         else:
@@ -206,21 +201,28 @@ class Trainer:
             kept = [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step]
             rewrite_jsonl(metrics, kept)
 
+    def _adopt(self, ckpt) -> None:
+        """Take model, tokenizer and the frozen media models from a checkpoint (those it does not
+        ship come from ``data.*``)."""
+        self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
+        self.vision_tokenizer = ckpt.vision_tokenizer or self._load_vision_tokenizer()
+        self.audio_codec = ckpt.audio_codec or self._load_audio_codec()
+        self.refiner = ckpt.refiner or self._load_refiner()
+
     def _init_from(self, path: str, tok_path: Path) -> None:
         """Start from another run's weights, tokenizer and frozen media models (fresh optimizer)."""
         try:
             ckpt = load_checkpoint(resolve_checkpoint(path))
         except (CheckpointError, OSError) as e:
             raise RunError(f"train.init_from: {str(e).splitlines()[0]}") from None
-        if to_dict(ckpt.cfg) != to_dict(self.cfg.model):
-            diff = _first_difference(to_dict(ckpt.cfg), to_dict(self.cfg.model))
-            raise RunError(f"train.init_from: {path} has a different model config ({diff})")
+        theirs, ours = to_dict(ckpt.cfg), to_dict(self.cfg.model)
+        if theirs != ours:
+            raise RunError(
+                f"train.init_from: {path} has a different model config ({_first_difference(theirs, ours)})"
+            )
         if ckpt.tokenizer is None:
             raise RunError(f"train.init_from: {path} has no text tokenizer")
-        self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
-        self.vision_tokenizer = ckpt.vision_tokenizer or self._load_vision_tokenizer()
-        self.audio_codec = ckpt.audio_codec or self._load_audio_codec()
-        self.refiner = ckpt.refiner or self._load_refiner()
+        self._adopt(ckpt)
         if self.dist.main and not tok_path.exists():
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.tokenizer.save(tok_path)

@@ -71,12 +71,17 @@ DIGIT_MOTION_QUESTION = "Which digit is moving?"
 SHAPE_MOTION_QUESTION = "Which shape is moving?"
 
 
+def _generates(rng: random.Random, und_p: float) -> bool:
+    """Draw a document's kind: generation with probability ``1 - und_p`` (one draw from ``rng``)."""
+    return rng.random() < 1.0 - und_p
+
+
 def _shapes(rng: random.Random, size: int, _data, und_p: float) -> MediaDoc:
     from ernie5.data import shapes
 
     scene = shapes.random_scene(rng)
     img = shapes.render(scene, size)
-    if rng.random() < 1.0 - und_p:
+    if _generates(rng, und_p):
         return MediaDoc("gen", img, False, prompt=shapes_prompt(shapes.caption(scene)))
     pick = rng.random()
     if pick < 0.4:
@@ -97,7 +102,7 @@ def _mnist(rng: random.Random, size: int, data, und_p: float) -> MediaDoc:
     images, labels = data
     i = rng.randrange(len(images))
     img, label = digit_image(images[i], size), int(labels[i])
-    if rng.random() < 1.0 - und_p:
+    if _generates(rng, und_p):
         return MediaDoc("gen", img, False, prompt=digit_prompt(label))
     return MediaDoc("und", img, False, text=qa_text(DIGIT_QUESTION, str(label)))
 
@@ -112,7 +117,7 @@ def _moving_shapes(rng: random.Random, size: int, _data, und_p: float) -> MediaD
         shape, direction, np.random.default_rng(rng.randrange(2**31)), n_frames=CLIP_FRAMES, size=size
     )
     subject = f"a {shape.color} {shape.kind}"
-    if rng.random() < 1.0 - und_p:
+    if _generates(rng, und_p):
         return MediaDoc("gen", clip, True, prompt=motion_prompt(subject, direction))
     q, a = (MOTION_QUESTION, direction) if rng.random() < 0.5 else (SHAPE_MOTION_QUESTION, shape.kind)
     return MediaDoc("und", clip, True, text=qa_text(q, a))
@@ -128,7 +133,7 @@ def _moving_digits(rng: random.Random, size: int, data, und_p: float) -> MediaDo
         [images[i]], [direction], np.random.default_rng(rng.randrange(2**31)), n_frames=CLIP_FRAMES, size=size
     )
     label = int(labels[i])
-    if rng.random() < 1.0 - und_p:
+    if _generates(rng, und_p):
         return MediaDoc("gen", clip, True, prompt=motion_prompt(f"the digit {label}", direction))
     q, a = (MOTION_QUESTION, direction) if rng.random() < 0.5 else (DIGIT_MOTION_QUESTION, str(label))
     return MediaDoc("und", clip, True, text=qa_text(q, a))

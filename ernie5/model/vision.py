@@ -28,6 +28,8 @@ References:
 Deviations:
   1. The ViT is small and trained from scratch with the backbone (no pretrained vision foundation
      model can be downloaded here); the CNN features come from the frozen project tokenizer.
+  2. Per-scale loss weights are ``1 / sqrt(n_k^2)`` normalised to mean 1 over positions (the report
+     says coarse scales are up-weighted but not by how much).
   3. Besides Uni-RoPE, every generation position gets a learned embedding of its cell (its index
      within the frame's scales), as VAR adds absolute position embeddings: inside a bidirectional
      block of near-identical VAR inputs, relative rotary phases alone barely tell positions apart.
@@ -38,8 +40,6 @@ Deviations:
      backbone's first RMSNorm then divides the image-dependent part (and its gradient) by it, and
      understanding does not train (measured: a merged vector of norm ~78 varying by ~0.6 across
      MNIST digits; answer loss stuck at chance after 300 steps of 80 % MNIST).
-  2. Per-scale loss weights are ``1 / sqrt(n_k^2)`` normalised to mean 1 over positions (the report
-     says coarse scales are up-weighted but not by how much).
 """
 
 from __future__ import annotations
