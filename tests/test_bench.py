@@ -14,6 +14,9 @@ def test_bench_moe_reports_both_ratios_per_dtype():
         assert d["moe_ms"] > 0 and d["dense_ms"] > 0 and d["loop_ms"] > 0
         assert d["dense_equiv_ratio"] == pytest.approx(d["dense_ms"] / d["moe_ms"])
         assert d["loop_speedup"] == pytest.approx(d["loop_ms"] / d["moe_ms"])
+        # The ceilings: GEMMs alone, then GEMMs plus the dense chain's own activation cost.
+        assert d["dense_equiv_ratio_gemm_only"] == pytest.approx(d["dense_ms"] / d["gemm_only_ms"])
+        assert d["dense_equiv_ratio_ceiling"] <= d["dense_equiv_ratio_gemm_only"] + 1e-9
     assert out["matmul_peak_gflops"]["bf16"] > 0
 
 
@@ -24,6 +27,10 @@ def test_bench_train_reports_mfu_and_the_peer():
 
     out = bench_train(repeats=1, peer=True)
     assert out["tokens_per_s"] > 0 and 0 < out["mfu"] < 1
+    phases = out["phase_ms"]
+    assert set(phases) == {"forward", "backward", "optimizer"}
+    assert sum(phases.values()) == pytest.approx(out["step_ms"], rel=0.5)
+    assert out["mfu"] < out["mfu_ceiling_optimizer_only"]
     assert out["peer"]["fused_adamw"]["tokens_per_s"] > 0
     assert out["speedup_vs_peer_fused_adamw"] == pytest.approx(
         out["tokens_per_s"] / out["peer"]["fused_adamw"]["tokens_per_s"]

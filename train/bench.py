@@ -11,6 +11,8 @@ convention: attention-score FLOPs ignored).
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import replace
 
 import torch
@@ -83,20 +85,29 @@ def bench_train(
     """
     cfg = from_dict(ModelConfig, read_yaml(resolve_config_path("nano"))["model"])
     tune_allocator()
-    seconds = _time_step(cfg, dtype, batch_size, seq_len, repeats, full_recipe=True)
+    phases: dict[str, list[float]] = {}
+    seconds = _time_step(cfg, dtype, batch_size, seq_len, repeats, full_recipe=True, phases=phases)
     tokens = batch_size * seq_len
     peak = matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32)
     active = count_params(cfg, None, seq_len).active_params_no_embedding
     tps = tokens / seconds
+    flops_per_step = 6 * active * tokens
+    phase_ms = {k: statistics.median(v[-repeats:]) * 1e3 for k, v in phases.items()}
     result = {
         "shape": "nano",
         "dtype": dtype,
         "tokens_per_step": tokens,
         "step_ms": seconds * 1e3,
         "tokens_per_s": tps,
-        "mfu": 6 * active * tps / peak,
+        "mfu": flops_per_step * tps / tokens / peak,
         "peak_gflops": peak / 1e9,
         "active_params_no_embedding": active,
+        "phase_ms": phase_ms,
+        # The MFU the step would have if forward and backward took no time at all: the optimizer
+        # phase (gradient accumulation into fp32, clip + fused AdamW, replica sync) alone caps it.
+        "mfu_ceiling_optimizer_only": flops_per_step / (phase_ms["optimizer"] / 1e3) / peak,
+        # The step time 30% MFU would allow, to set against phase_ms.
+        "step_ms_at_target": flops_per_step / (0.30 * peak) * 1e3,
         "env": environment(),
         "target": "mfu >= 0.30",
     }
@@ -114,9 +125,20 @@ def bench_train(
 
 
 def _time_step(
-    cfg: ModelConfig, dtype: str, batch_size: int, seq_len: int, repeats: int, full_recipe: bool
+    cfg: ModelConfig,
+    dtype: str,
+    batch_size: int,
+    seq_len: int,
+    repeats: int,
+    full_recipe: bool,
+    phases: dict[str, list[float]] | None = None,
 ) -> float:
-    """Median seconds of one training step (``full_recipe``: MTP loss, clipping, bias update)."""
+    """Median seconds of one training step (``full_recipe``: MTP loss, clipping, bias update).
+
+    ``phases``, if given, receives every step's seconds in ``forward``, ``backward`` and
+    ``optimizer`` (gradient accumulation, clipped fused AdamW step, bias update, replica sync).
+    """
+    laps = phases if phases is not None else {}
     torch.manual_seed(0)
     model = Ernie5Model(cfg).train()
     mp = MixedPrecision(model, dtype)
@@ -128,11 +150,14 @@ def _time_step(
     avail = torch.ones(cfg.moe.n_experts, dtype=torch.bool)
 
     def step():
+        t0 = time.perf_counter()
         out = mp.compute(x, targets_BT=y, return_logits=False)
         loss = out.loss
         if out.mtp_losses:
             loss = loss + 0.3 * torch.stack(out.mtp_losses).mean()
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         mp.accumulate_grads()
         clip_and_step(opt, params, 1.0 if full_recipe else 0.0)
         opt.zero_grad(set_to_none=True)
@@ -140,7 +165,12 @@ def _time_step(
             for moe, r in zip(moes, out.routing.values()):
                 update_router_bias(moe, r.counts_E, 1e-3, avail)
         mp.sync()
+        t3 = time.perf_counter()
+        for name, dt in (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", t3 - t2)):
+            laps.setdefault(name, []).append(dt)
 
-    # Six warm-up steps: the first steps fill oneDNN's kernel cache (one JIT kernel per GEMM
-    # shape) and grow the heap to its working set; the median is meant to describe a long run.
-    return median_seconds(step, repeats, warmup=6)
+    # Fifteen warm-up steps: the first steps fill oneDNN's kernel cache (one JIT kernel per GEMM
+    # shape) and grow the heap to its working set (measured here: the process stops faulting in
+    # fresh pages and the step time settles after 10-15 steps); the median is meant to describe a
+    # long run.
+    return median_seconds(step, repeats, warmup=15)

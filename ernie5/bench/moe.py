@@ -8,8 +8,20 @@ Shape: the nano MoE layer (d_model 256, 64 experts x 256, top-2) on ``tokens`` t
   * ``loop_ms``: the same layer with the naive per-expert loop;
   * ``dense_equiv_ratio = dense_ms / moe_ms`` (1.0 = as fast as dense), ``loop_speedup =
     loop_ms / moe_ms``.
-``bf16`` holds bf16 weights and inputs; ``bf16_autocast`` fp32 weights under CPU autocast (the
-training setting); ``fp32`` plain fp32. Gradients are reset to None before every repeat.
+``bf16`` holds bf16 weights and inputs; ``bf16_autocast`` fp32 weights under CPU autocast; ``fp32``
+plain fp32 (training runs a bf16 replica, i.e. the ``bf16`` row). Gradients are reset to None
+before every repeat.
+
+Two ceilings, measured in the same process, say how far any eager implementation could go:
+  * ``gemm_only_ms``: just the six batched expert GEMMs (forward, data and weight gradients) of a
+    perfectly balanced layer (``tokens * top_k / n_experts`` rows per expert, no padding, no
+    routing, gathers, scatters or activations); ``dense_equiv_ratio_gemm_only`` is the ratio a
+    layer made of nothing else would reach;
+  * ``dense_gemm_ms``: the dense chain's three GEMMs and their gradients alone, so
+    ``dense_ms - dense_gemm_ms`` is what the dense chain spends on the SwiGLU activation and
+    autograd; ``dense_equiv_ratio_ceiling = dense_ms / (gemm_only_ms + dense_ms - dense_gemm_ms)``
+    is the ratio of an MoE layer whose routing and dispatch were free and whose activations cost
+    exactly what the dense chain's do.
 """
 
 from __future__ import annotations
@@ -48,6 +60,37 @@ def _dense_step(n_rows: int, d: int, f: int, dtype: torch.dtype, autocast: bool)
     return step
 
 
+def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype):
+    """The six GEMMs of a balanced expert layer (batched, the layout `_GroupedSwiGLU` uses) and of
+    the dense chain, without anything else."""
+    c = n_rows // n_experts
+    w13, w2 = torch.randn(n_experts, 2 * f, d, dtype=dtype), torch.randn(n_experts, d, f, dtype=dtype)
+    x, dy = torch.randn(n_experts, c, d, dtype=dtype), torch.randn(n_experts, c, d, dtype=dtype)
+    act, d_h = torch.randn(n_experts, f, c, dtype=dtype), torch.randn(n_experts, 2 * f, c, dtype=dtype)
+
+    def experts():
+        torch.bmm(w13, x.transpose(1, 2))
+        torch.bmm(w2, act)
+        torch.bmm(dy.transpose(1, 2), act.transpose(1, 2))
+        torch.bmm(w2.transpose(1, 2), dy.transpose(1, 2))
+        torch.bmm(d_h, x)
+        torch.bmm(d_h.transpose(1, 2), w13)
+
+    xd, dyd = torch.randn(n_rows, d, dtype=dtype), torch.randn(n_rows, d, dtype=dtype)
+    w13d, w2d = torch.randn(2 * f, d, dtype=dtype), torch.randn(d, f, dtype=dtype)
+    actd, dhd = torch.randn(n_rows, f, dtype=dtype), torch.randn(n_rows, 2 * f, dtype=dtype)
+
+    def dense():
+        F.linear(xd, w13d)
+        F.linear(actd, w2d)
+        dyd.t() @ actd
+        dyd @ w2d
+        dhd.t() @ xd
+        dhd @ w13d
+
+    return experts, dense
+
+
 def bench_moe(tokens: int = 2048, repeats: int = 5, d_model: int = 256, loop_repeats: int = 2) -> dict:
     """Run the benchmark; returns ``{"bf16": {...}, "bf16_autocast": {...}, "fp32": {...}, ...}``."""
     cfg = MoEConfig(n_experts=64, d_expert=256, top_k=2)
@@ -80,6 +123,11 @@ def bench_moe(tokens: int = 2048, repeats: int = 5, d_model: int = 256, loop_rep
             _dense_step(x0.numel() // d_model * cfg.top_k, d_model, cfg.d_expert, dtype, autocast), repeats
         )
         loop_s = median_seconds(_moe_step(layer, x, "loop", autocast), loop_repeats, warmup=1)
+        rows = x0.numel() // d_model * cfg.top_k
+        gemm_dtype = torch.bfloat16 if autocast else dtype  # autocast runs the experts in bf16
+        experts_gemm, dense_gemm = _gemm_steps(rows, d_model, cfg.d_expert, cfg.n_experts, gemm_dtype)
+        gemm_s = median_seconds(experts_gemm, repeats)
+        dense_gemm_s = median_seconds(dense_gemm, repeats)
         with torch.no_grad():
             _, r = layer(x.detach())
         counts = r.counts_E.float()
@@ -92,6 +140,10 @@ def bench_moe(tokens: int = 2048, repeats: int = 5, d_model: int = 256, loop_rep
             "expert_gflops_per_s": flops / moe_s / 1e9,
             "dense_gflops_per_s": flops / dense_s / 1e9,
             "load_max_over_mean": float(counts.max() / counts.mean()),
+            "gemm_only_ms": gemm_s * 1e3,
+            "dense_gemm_ms": dense_gemm_s * 1e3,
+            "dense_equiv_ratio_gemm_only": dense_s / gemm_s,
+            "dense_equiv_ratio_ceiling": dense_s / (gemm_s + max(dense_s - dense_gemm_s, 0.0)),
         }
     out["matmul_peak_gflops"] = {
         "bf16": matmul_peak(torch.bfloat16) / 1e9,

@@ -18,12 +18,13 @@ Steps of one forward (token-choice, dropless):
 
 Expert compute paths (identical semantics, chosen by ``dispatch``):
   * ``loop``: the naive reference, one SwiGLU call per expert on the rows routed to it.
-  * ``sorted``: pairs are sorted by expert into a padded ``(E, C, D)`` layout and each projection
-    runs as ONE batched GEMM with the weight as the left operand (``W @ X^T``), which lets oneDNN
-    reuse the weight without repacking it per call; experts that overflow the chosen capacity ``C``
-    are finished by a second, small batched GEMM over just those experts. No row is dropped.
-    Padded row counts above 8 are multiples of 16 and overflow expert counts multiples of 4, so
-    GEMM shapes recur across steps and oneDNN reuses its JIT kernels.
+  * ``sorted``: pairs are sorted by expert into padded ``(E, C, D)`` levels and each projection
+    runs as ONE batched GEMM per level with the weight as the left operand (``W @ X^T``), which
+    lets oneDNN reuse the weight without repacking it per call. Level 1 covers the first ``C_1``
+    rows of every expert, level 2 the next rows of the experts that have more, and so on (at most
+    three levels, chosen by a measured cost model: :func:`plan_levels`). No row is dropped.
+    Padded row counts are multiples of 16 (of 32 above 64) and subset expert counts multiples of
+    4, so GEMM shapes recur across steps and oneDNN reuses its JIT kernels.
   * ``gather``: for a handful of pairs (decoding) the selected experts' weights are gathered and
     multiplied per pair; used automatically at inference when ``n_pairs <= 16``.
 
@@ -47,6 +48,8 @@ Deviations:
 
 from __future__ import annotations
 
+import bisect
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -57,10 +60,19 @@ from ernie5.model.config import MoEConfig
 
 GATHER_MAX_PAIRS = 16
 """At inference, at most this many (token, slot) pairs use the weight-gather path."""
-OVERFLOW_PENALTY_ROWS = 24
-"""Cost, in padded rows, charged per expert sent to the overflow GEMM (its weight gather)."""
-SHAPE_QUANTUM = 16
-"""Padded GEMM row counts above 8 are multiples of this (see :func:`_round_rows`)."""
+MAX_LEVELS = 3
+"""Most padded batched GEMM levels one dispatch plan may use."""
+
+# Cost model of a padded level, in units of one padded (expert, row) slot, fitted to the
+# batched-GEMM timings of `ernie5 bench moe` on this CPU (bf16, d_model 256, d_expert 256): the six
+# GEMMs of a level's forward + backward cost about 45 us per expert (streaming its weights and
+# writing its weight gradient, whatever the row count) plus 0.6 us per padded row of that expert,
+# so an expert in a level costs as much as ~75 padded rows. A level over a subset of the experts
+# also gathers their weights and scatters their gradients (~65 rows each), and every level adds a
+# fixed dozen of small ops (~250 rows).
+COST_PER_EXPERT = 75
+COST_PER_GATHERED_EXPERT = 65
+COST_PER_LEVEL = 250
 
 
 @dataclass
@@ -154,33 +166,57 @@ def experts_gather(
 
 
 def _round_rows(rows: int) -> int:
-    """GEMM row counts above 8 are rounded up to a multiple of 16.
+    """Padded GEMM row counts: exact up to 8, then multiples of 16 up to 64, then of 32.
 
     oneDNN JIT-compiles a kernel per new GEMM shape; with exact capacities every training step
     brought new shapes, and the kernel generation (and the fresh code pages it faults in) cost
     about a quarter of a nano training step. Quantised shapes recur, so its primitive cache hits.
+    Above 64 rows, odd multiples of 16 (80, 112) ran slower than the next multiple of 32 here.
     """
-    return rows if rows <= 8 else -(-rows // SHAPE_QUANTUM) * SHAPE_QUANTUM
+    if rows <= 8:
+        return rows
+    q = 16 if rows <= 64 else 32
+    return -(-rows // q) * q
 
 
 def _round_experts(n: int) -> int:
-    """Overflow expert counts are rounded up to a multiple of 4 (same reason as rows)."""
+    """Expert counts of subset levels are rounded up to a multiple of 4 (same reason as rows)."""
     return -(-n // 4) * 4
 
 
-def _capacity(counts: list[int]) -> int:
-    """Level-1 capacity (a rounded row count) minimising padded rows plus the overflow GEMM's cost."""
+def plan_levels(counts: list[int]) -> list[tuple[int, bool]]:
+    """Nested padded levels that cover every routed pair, cheapest under the cost model above.
+
+    Level ``j`` holds rows ``[T_{j-1}, T_j)`` of every expert with more than ``T_{j-1}`` rows,
+    with ``T_0 = 0`` and ``T_m >= max(counts)``. Returns ``[(T_j, uses_all_experts), ...]``: a
+    level either runs the whole expert tensor (idle experts compute pad rows, nothing is gathered)
+    or gathers just its experts (padded to a multiple of 4). Exhaustive over at most
+    :data:`MAX_LEVELS` levels and the distinct rounded capacities, so a balanced layer gets one
+    level and a skewed one (early training, narrow subnets) two or three.
+    """
     n_exp = len(counts)
-    best = _round_rows(max(counts))
-    best_cost = n_exp * best
-    for cap in sorted({_round_rows(c) for c in counts}):
-        over = [c - cap for c in counts if c > cap]
-        cost = n_exp * cap
-        if over:
-            cost += min(_round_experts(len(over)), n_exp) * (_round_rows(max(over)) + OVERFLOW_PENALTY_ROWS)
-        if cost < best_cost:
-            best, best_cost = cap, cost
-    return best
+    loads = sorted(c for c in counts if c > 0)
+    if not loads:
+        return []
+
+    @functools.cache
+    def best(t: int, depth: int) -> tuple[float, tuple[tuple[int, bool], ...]]:
+        n = len(loads) - bisect.bisect_right(loads, t)
+        if n == 0:
+            return 0.0, ()
+        caps = sorted({_round_rows(c - t) for c in loads[-n:]})
+        if depth == MAX_LEVELS - 1:
+            caps = caps[-1:]
+        n_sub = min(_round_experts(n), n_exp)
+        options = []
+        for c in caps:
+            rest_cost, rest = best(t + c, depth + 1)
+            full = n_exp * (COST_PER_EXPERT + c)
+            sub = n_sub * (COST_PER_EXPERT + COST_PER_GATHERED_EXPERT + c)
+            options.append((COST_PER_LEVEL + min(full, sub) + rest_cost, ((t + c, full <= sub),) + rest))
+        return min(options)
+
+    return list(best(0, 0)[1])
 
 
 @dataclass
@@ -196,59 +232,57 @@ class _Level:
 
 
 def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
-    """Sort (token, slot) pairs by expert into padded levels.
+    """Sort (token, slot) pairs by expert into the padded levels of :func:`plan_levels`.
 
-    Level 1 holds every expert up to a capacity; level 2 holds the overflow of the busiest experts.
     Pure index arithmetic, no autograd.
     """
     a = r.expert_ids_NA.shape[1]
     device = r.expert_ids_NA.device
     flat_ids = r.expert_ids_NA.reshape(-1)
     n_exp = r.counts_E.numel()
+    n_pairs = flat_ids.numel()
     order = torch.argsort(flat_ids, stable=True)
-    cap = _capacity(r.counts_E.tolist())
     starts_E = torch.cumsum(r.counts_E, 0) - r.counts_E
     expert_P = flat_ids[order]
-    rank_P = torch.arange(order.numel(), device=device) - starts_E[expert_P]
-    n_pairs = order.numel()
+    rank_P = torch.arange(n_pairs, device=device) - starts_E[expert_P]
 
-    def level(mask: torch.Tensor, experts: torch.Tensor | None, c: int, offset: int) -> _Level:
+    levels = []
+    lo = 0
+    for hi, all_experts in plan_levels(r.counts_E.tolist()):
+        cap = hi - lo
+        mask = (rank_P >= lo) & (rank_P < hi)
         e_local = expert_P[mask]
-        if experts is not None:
+        experts = None
+        if not all_experts:
+            busy = r.counts_E > lo
+            experts = torch.nonzero(busy).flatten()
+            n_pad = min(_round_experts(experts.numel()), n_exp) - experts.numel()
+            if n_pad > 0:  # padding experts: idle in this level (their slots all point at the zero row)
+                experts = torch.cat([experts, torch.nonzero(~busy).flatten()[:n_pad]])
             remap = torch.full((n_exp,), -1, dtype=torch.long, device=device)
             remap[experts] = torch.arange(experts.numel(), device=device)
             e_local = remap[e_local]
         rows = n_exp if experts is None else experts.numel()
-        slot = e_local * c + (rank_P[mask] - offset)
-        tok_EC = torch.full((rows * c,), n_tokens, dtype=torch.long, device=device)
-        pair_EC = torch.full((rows * c,), n_pairs, dtype=torch.long, device=device)
+        slot = e_local * cap + (rank_P[mask] - lo)
+        tok_EC = torch.full((rows * cap,), n_tokens, dtype=torch.long, device=device)
+        pair_EC = torch.full((rows * cap,), n_pairs, dtype=torch.long, device=device)
         tok_EC[slot] = order[mask] // a
         pair_EC[slot] = order[mask]
-        return _Level(experts, c, tok_EC, pair_EC)
-
-    levels = []
-    if cap > 0:
-        levels.append(level(rank_P < cap, None, cap, 0))
-    over = rank_P >= cap
-    if bool(over.any()):
-        over_experts = torch.nonzero(r.counts_E > cap).flatten()
-        c2 = _round_rows(int((r.counts_E[over_experts] - cap).max()))
-        n_pad = min(_round_experts(over_experts.numel()), n_exp) - over_experts.numel()
-        if n_pad > 0:  # padding experts: idle ones (their slots all point at the zero row)
-            idle = torch.ones(n_exp, dtype=torch.bool, device=device)
-            idle[over_experts] = False
-            over_experts = torch.cat([over_experts, torch.nonzero(idle).flatten()[:n_pad]])
-        levels.append(level(over, over_experts, c2, cap))
+        levels.append(_Level(experts, cap, tok_EC, pair_EC))
+        lo = hi
     return levels
 
 
 class _GroupedSwiGLU(torch.autograd.Function):
     """Gated SwiGLU experts over padded levels, with a hand-written backward.
 
-    Weights are the left GEMM operand (``(E, 2F, D) @ (E, D, C)``): oneDNN then packs the small
-    token operand rather than every expert's weight, which is what makes small-C batched GEMMs
-    fast on CPU. The backward accumulates the overflow level's weight gradients in place into the
-    level-1 gradients (``index_add_``), so no full-size zero tensor is materialised per level.
+    Weights are the left GEMM operand of the forward (``(E, 2F, D) @ (E, D, C)``): oneDNN then
+    packs the small token operand rather than every expert's weight, which is what makes small-C
+    batched GEMMs fast on CPU. The gate multiplies the activations before the down projection
+    (``y = W2 (gate * a)``, the same product), so the combine is a plain scatter-add and the gate
+    gradient is a reduction over the contiguous ``(E, F, C)`` activations rather than over the
+    strided output. The backward accumulates a subset level's weight gradients in place
+    (``index_add_``), so no full-size zero tensor is materialised per level.
     """
 
     @staticmethod
@@ -265,11 +299,13 @@ class _GroupedSwiGLU(torch.autograd.Function):
             x_ECD = x_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
             h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
             g, u = h_EFC.chunk(2, dim=1)
-            act_EFC = F.silu(g).mul_(u)
-            y_ECD = torch.bmm(w2, act_EFC).transpose(1, 2)
-            gate_EC1 = g_pad.index_select(0, lv.pair_EC).view(e, lv.cap, 1)
-            y_pad.index_add_(0, lv.tok_EC, (y_ECD * gate_EC1).reshape(-1, d))
-            saved.append((x_ECD, h_EFC, act_EFC, y_ECD, gate_EC1))
+            silu_EFC = F.silu(g)
+            act_EFC = silu_EFC * u
+            gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
+            gated_EFC = act_EFC * gate_E1C
+            y_ECD = torch.bmm(w2, gated_EFC).transpose(1, 2)
+            y_pad.index_add_(0, lv.tok_EC, y_ECD.reshape(-1, d))
+            saved.append((x_ECD, h_EFC, silu_EFC, act_EFC, gated_EFC, gate_E1C))
         ctx.levels = levels
         ctx.saved = saved
         ctx.shapes = (n, d, gates_P.numel(), gates_P.dtype)
@@ -284,23 +320,23 @@ class _GroupedSwiGLU(torch.autograd.Function):
         dx_pad = dy_ND.new_zeros(n + 1, d)
         dg_pad = torch.zeros(n_pairs + 1, dtype=torch.float32, device=dy_ND.device)
         dw13 = dw2 = None
-        for lv, (x_ECD, h_EFC, act_EFC, y_ECD, gate_EC1) in zip(ctx.levels, ctx.saved):
+        for lv, (x_ECD, h_EFC, silu_EFC, act_EFC, gated_EFC, gate_E1C) in zip(ctx.levels, ctx.saved):
             w13 = w13_EFD if lv.experts is None else w13_EFD[lv.experts]
             w2 = w2_EDF if lv.experts is None else w2_EDF[lv.experts]
             e = w13.shape[0]
             dy_ECD = dy_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
-            dg_pad.index_add_(0, lv.pair_EC, (dy_ECD * y_ECD).sum(-1, dtype=torch.float32).reshape(-1))
-            dy_ECD = dy_ECD * gate_EC1
+            d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
+            d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
+            dg_pad.index_add_(0, lv.pair_EC, (d_gated * act_EFC).sum(1, dtype=torch.float32).reshape(-1))
+            d_act = d_gated.mul_(gate_E1C)
             g, u = h_EFC.chunk(2, dim=1)
-            d_w2 = torch.bmm(dy_ECD.transpose(1, 2), act_EFC.transpose(1, 2))
-            d_act = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
             d_h = torch.empty_like(h_EFC)
             d_g, d_u = d_h.chunk(2, dim=1)
             torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
-            torch.mul(d_act, F.silu(g), out=d_u)
+            torch.mul(d_act, silu_EFC, out=d_u)
             d_w13 = torch.bmm(d_h, x_ECD)
-            d_x = torch.bmm(w13.transpose(1, 2), d_h).transpose(1, 2)
-            dx_pad.index_add_(0, lv.tok_EC, d_x.reshape(-1, d))
+            d_x = torch.bmm(d_h.transpose(1, 2), w13)  # (E, C, D), contiguous for the scatter
+            dx_pad.index_add_(0, lv.tok_EC, d_x.view(-1, d))
             if lv.experts is None:
                 dw13 = d_w13 if dw13 is None else dw13 + d_w13
                 dw2 = d_w2 if dw2 is None else dw2 + d_w2

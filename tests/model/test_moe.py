@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from ernie5.model.config import MoEConfig
-from ernie5.model.moe import MoE, _capacity, plan_dispatch, route, update_router_bias
+from ernie5.model.moe import (
+    MAX_LEVELS,
+    MoE,
+    _round_rows,
+    plan_dispatch,
+    plan_levels,
+    route,
+    update_router_bias,
+)
 
 
 def _layer(dtype=torch.float32, **kw):
@@ -72,44 +80,69 @@ def test_gather_path_matches_loop_at_inference():
     assert torch.allclose(a, b, atol=1e-6) and torch.allclose(a, c, atol=1e-6)
 
 
-def test_capacity_overflow_level_is_exercised():
-    counts = [100, 10, 10, 10, 10, 10, 10, 10]
-    cap = _capacity(counts)
-    assert cap < 100  # the busy expert overflows into a second, small GEMM
-    layer = _layer()
+def _assert_same(ref, got, atol=1e-5):
+    assert torch.allclose(ref[0], got[0], atol=atol) and torch.allclose(ref[1], got[1], atol=atol)
+    for name in ref[2]:
+        assert torch.allclose(ref[2][name], got[2][name], atol=atol), name
+
+
+def test_plan_covers_every_row_with_nested_quantised_levels():
+    g = torch.Generator().manual_seed(0)
+    for skew in (0.0, 1.0, 3.0):
+        p = torch.softmax(torch.randn(64, generator=g) * skew, 0)
+        counts = torch.multinomial(p, 4096, replacement=True, generator=g).bincount(minlength=64).tolist()
+        plan = plan_levels(counts)
+        assert 1 <= len(plan) <= MAX_LEVELS
+        bounds = [0] + [hi for hi, _ in plan]
+        assert bounds == sorted(set(bounds)) and bounds[-1] >= max(counts)
+        for lo, hi in zip(bounds, bounds[1:]):
+            assert hi - lo == _round_rows(hi - lo)  # shapes recur across steps
+    assert plan_levels([0, 0, 0]) == []
+    assert plan_levels([3, 5, 2, 1]) == [(5, True)]  # small counts stay exact
+    # A balanced layer is one level over the whole expert tensor; a hot expert gets its own level.
+    assert len(plan_levels([64] * 64)) == 1
+    assert len(plan_levels([600] + [56] * 63)) >= 2
+    # Half the experts idle (a width-0.5 subnet): gathering the busy half beats padding the idle.
+    assert plan_levels([0] * 32 + [60] * 32) == [(64, False)]
+
+
+def test_overflow_levels_match_loop():
+    layer = _layer(n_experts=32)
     torch.manual_seed(3)
-    x = torch.randn(1, 64, 32)
+    x = torch.randn(1, 600, 32)
     with torch.no_grad():
         layer.router_bias[0] = 10.0  # send every token to expert 0 (plus one other)
-    r = route(x[0], layer.router.weight, layer.router_bias, layer.cfg, 2, None, 64)
-    assert len(plan_dispatch(r, 64)) == 2
-    ref, got = _run(layer, x, "loop"), _run(layer, x, "sorted")
-    assert torch.allclose(ref[0], got[0], atol=1e-5)
-    for name in ref[2]:
-        assert torch.allclose(ref[2][name], got[2][name], atol=1e-5), name
+    r = route(x[0], layer.router.weight, layer.router_bias, layer.cfg, 2, None, 600)
+    levels = plan_dispatch(r, 600)
+    assert len(levels) >= 2 and levels[-1].experts is not None  # the hot expert runs alone
+    _assert_same(_run(layer, x, "loop"), _run(layer, x, "sorted"))
 
 
-def test_padded_shapes_are_quantised_and_padding_experts_are_inert():
-    """Row counts above 8 are multiples of 16 and overflow expert counts multiples of 4 (so that
-    oneDNN's kernel cache hits); padding slots and padding experts change nothing."""
-    assert _capacity([3, 5, 2, 1]) <= 8  # small counts stay exact
-    assert _capacity([70, 64, 50, 66]) % 16 == 0
+@pytest.mark.parametrize("skew", [0.5, 2.0, 4.0])
+def test_skewed_routing_three_levels_and_padding_experts_are_inert(skew):
+    """Padding slots and padding experts of subset levels change nothing, however skewed the load."""
     torch.manual_seed(5)
     layer = _layer(n_experts=16)
     with torch.no_grad():
-        layer.router_bias[:3] = 0.05  # three busy experts overflow into a padded second level
-    x = torch.randn(1, 200, 32)
-    r = route(x[0], layer.router.weight, layer.router_bias, layer.cfg, 2, None, 200)
-    levels = plan_dispatch(r, 200)
-    assert len(levels) == 2
+        layer.router_bias[:] = torch.linspace(skew, 0, 16)
+    x = torch.randn(1, 400, 32)
+    r = route(x[0], layer.router.weight, layer.router_bias, layer.cfg, 2, None, 400)
+    levels = plan_dispatch(r, 400)
     for lv in levels:
-        assert lv.cap <= 8 or lv.cap % 16 == 0
-    assert levels[1].experts.numel() % 4 == 0
-    assert levels[1].experts.unique().numel() == levels[1].experts.numel()
-    ref, got = _run(layer, x, "loop"), _run(layer, x, "sorted")
-    assert torch.allclose(ref[0], got[0], atol=1e-5) and torch.allclose(ref[1], got[1], atol=1e-5)
-    for name in ref[2]:
-        assert torch.allclose(ref[2][name], got[2][name], atol=1e-5), name
+        assert lv.cap == _round_rows(lv.cap)
+        if lv.experts is not None:
+            assert lv.experts.numel() % 4 == 0 or lv.experts.numel() == 16
+            assert lv.experts.unique().numel() == lv.experts.numel()
+    _assert_same(_run(layer, x, "loop"), _run(layer, x, "sorted"))
+
+
+def test_masked_width_subnet_matches_loop():
+    torch.manual_seed(6)
+    layer = _layer(n_experts=16)
+    mask = torch.zeros(16, dtype=torch.bool)
+    mask[::2] = True
+    x = torch.randn(1, 300, 32)
+    _assert_same(_run(layer, x, "loop", mask=mask), _run(layer, x, "sorted", mask=mask))
 
 
 @pytest.mark.parametrize("score_func", ["softmax", "sigmoid"])
