@@ -189,6 +189,11 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     """``ernie5 bench moe|decode|train``."""
+    for name in ("repeats", "grad_accum"):
+        if getattr(args, name) < 1:
+            raise CLIError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    if args.grad_accum != 1 and args.what != "train":
+        raise CLIError(f"--grad-accum applies to `bench train`, not `bench {args.what}`")
     if args.what == "moe":
         from ernie5.bench.moe import bench_moe
 
@@ -200,7 +205,7 @@ def cmd_bench(args) -> int:
     else:
         from train.bench import bench_train
 
-        result = bench_train(repeats=args.repeats, peer=args.peer)
+        result = bench_train(repeats=args.repeats, peer=args.peer, grad_accum=args.grad_accum)
     if args.json:
         _print_json(result)
     else:
@@ -385,6 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--peer",
         action="store_true",
         help="train: also time Hugging Face Mixtral at the same shape in this process (needs transformers)",
+    )
+    b.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="train: micro-batches (8 x 256 tokens each) per optimizer step (default 1, as perf-anchors.md)",
     )
     b.set_defaults(fn=cmd_bench)
 

@@ -45,6 +45,9 @@ def test_help(command, capsys):
             "unknown key 'train.stepz'",
         ),
         (["generate", "--checkpoint", "/nonexistent", "--prompt", "hi"], "/nonexistent"),
+        (["bench", "train", "--grad-accum", "0"], "--grad-accum 0: expected an integer >= 1"),
+        (["bench", "moe", "--repeats", "0"], "--repeats 0: expected an integer >= 1"),
+        (["bench", "moe", "--grad-accum", "2"], "applies to `bench train`"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, fragment, capsys):

@@ -1,6 +1,7 @@
 """``ernie5 bench train``: training throughput and MFU at the nano shape.
 
-One optimizer step of the real training loop's work (forward with targets and the MTP loss,
+One optimizer step (``grad_accum`` micro-batches of ``batch_size x seq_len`` tokens, default one) of
+the real training loop's work (forward with targets and the MTP loss,
 backward, gradient clipping folded into fused AdamW, aux-free bias update) on ``batch_size x seq_len``
 tokens of random ids, for the full model (no elastic sampling, so every step does the same
 work), with fp32 master weights and a bf16 compute replica (``train.precision``), as
@@ -29,7 +30,9 @@ from train.clip import clip_and_step
 from train.precision import MixedPrecision
 
 
-def bench_peer_mixtral(repeats: int = 5, batch_size: int = 8, seq_len: int = 256) -> dict:
+def bench_peer_mixtral(
+    repeats: int = 5, batch_size: int = 8, seq_len: int = 256, grad_accum: int = 1
+) -> dict:
     """Hugging Face Mixtral at the nano shape, trained the perf-anchors.md way, in this process.
 
     ``transformers`` is an optional dependency (it is in the ``test`` extra); the peer is built
@@ -65,20 +68,30 @@ def bench_peer_mixtral(repeats: int = 5, batch_size: int = 8, seq_len: int = 256
 
         def step(opt=opt):
             opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
+            for _ in range(grad_accum):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(input_ids=ids, labels=ids).loss / grad_accum
+                loss.backward()
             opt.step()
 
         # The same fifteen warm-up steps as ours (see _time_step), so both describe a long run.
-        out[name] = {"tokens_per_s": batch_size * seq_len / median_seconds(step, repeats, warmup=15)}
+        seconds = median_seconds(step, repeats, warmup=15)
+        out[name] = {"tokens_per_s": grad_accum * batch_size * seq_len / seconds}
     return out
 
 
 def bench_train(
-    repeats: int = 5, batch_size: int = 8, seq_len: int = 256, dtype: str = "bf16", peer: bool = False
+    repeats: int = 5,
+    batch_size: int = 8,
+    seq_len: int = 256,
+    dtype: str = "bf16",
+    peer: bool = False,
+    grad_accum: int = 1,
 ) -> dict:
     """Median tokens/s of a full training step and the MFU it implies.
+
+    ``grad_accum`` micro-batches share one optimizer step (``train.grad_accum``): the optimizer
+    phase, which does not depend on the batch, is then paid once per ``grad_accum`` micro-batches.
 
     With ``peer``, also times Hugging Face Mixtral (:func:`bench_peer_mixtral`) and our model in
     the peer's setting (``matched_to_peer``: no MTP module, no gradient clipping, no bias update),
@@ -87,8 +100,8 @@ def bench_train(
     cfg = from_dict(ModelConfig, read_yaml(resolve_config_path("nano"))["model"])
     tune_allocator()
     phases: dict[str, list[float]] = {}
-    seconds = _time_step(cfg, dtype, batch_size, seq_len, repeats, full_recipe=True, phases=phases)
-    tokens = batch_size * seq_len
+    seconds = _time_step(cfg, dtype, batch_size, seq_len, repeats, True, phases, grad_accum)
+    tokens = grad_accum * batch_size * seq_len
     peak = matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32)
     active = count_params(cfg, None, seq_len).active_params_no_embedding
     tps = tokens / seconds
@@ -98,6 +111,7 @@ def bench_train(
         "shape": "nano",
         "dtype": dtype,
         "tokens_per_step": tokens,
+        "grad_accum": grad_accum,
         "step_ms": seconds * 1e3,
         "tokens_per_s": tps,
         "mfu": flops_per_step * tps / tokens / peak,
@@ -113,10 +127,10 @@ def bench_train(
         "target": "mfu >= 0.30",
     }
     if peer:
-        p = bench_peer_mixtral(repeats, batch_size, seq_len)
+        p = bench_peer_mixtral(repeats, batch_size, seq_len, grad_accum)
         result["peer"] = p
         bare = replace(cfg, mtp=replace(cfg.mtp, n_depth=0))
-        matched = tokens / _time_step(bare, dtype, batch_size, seq_len, repeats, full_recipe=False)
+        matched = tokens / _time_step(bare, dtype, batch_size, seq_len, repeats, False, None, grad_accum)
         result["matched_to_peer"] = {"tokens_per_s": matched, "what": "no MTP, no clipping, no bias update"}
         for name in ("default_adamw", "fused_adamw"):
             if name in p:
@@ -133,11 +147,13 @@ def _time_step(
     repeats: int,
     full_recipe: bool,
     phases: dict[str, list[float]] | None = None,
+    grad_accum: int = 1,
 ) -> float:
     """Median seconds of one training step (``full_recipe``: MTP loss, clipping, bias update).
 
-    ``phases``, if given, receives every step's seconds in ``forward``, ``backward`` and
-    ``optimizer`` (gradient accumulation, clipped fused AdamW step, bias update, replica sync).
+    ``phases``, if given, receives every step's seconds in ``forward``, ``backward`` (each summed
+    over the step's ``grad_accum`` micro-batches) and ``optimizer`` (gradient accumulation into the
+    fp32 master, clipped fused AdamW step, bias update, replica sync).
     """
     laps = phases if phases is not None else {}
     torch.manual_seed(0)
@@ -151,23 +167,30 @@ def _time_step(
     avail = torch.ones(cfg.moe.n_experts, dtype=torch.bool)
 
     def step():
-        t0 = time.perf_counter()
-        out = mp.compute(x, targets_BT=y, return_logits=False)
-        loss = out.loss
-        if out.mtp_losses:
-            loss = loss + 0.3 * torch.stack(out.mtp_losses).mean()
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        mp.accumulate_grads()
+        fwd = bwd = opt_s = 0.0
+        counts = [torch.zeros_like(avail, dtype=torch.long) for _ in moes]
+        for _ in range(grad_accum):
+            t0 = time.perf_counter()
+            out = mp.compute(x, targets_BT=y, return_logits=False)
+            loss = out.loss
+            if out.mtp_losses:
+                loss = loss + 0.3 * torch.stack(out.mtp_losses).mean()
+            t1 = time.perf_counter()
+            (loss / grad_accum).backward()
+            t2 = time.perf_counter()
+            mp.accumulate_grads()
+            for c, r in zip(counts, out.routing.values()):
+                c += r.counts_E
+            fwd, bwd, opt_s = fwd + t1 - t0, bwd + t2 - t1, opt_s + time.perf_counter() - t2
+        t3 = time.perf_counter()
         clip_and_step(opt, params, 1.0 if full_recipe else 0.0)
         opt.zero_grad(set_to_none=True)
         if full_recipe:
-            for moe, r in zip(moes, out.routing.values()):
-                update_router_bias(moe, r.counts_E, 1e-3, avail)
+            for moe, c in zip(moes, counts):
+                update_router_bias(moe, c, 1e-3, avail)
         mp.sync()
-        t3 = time.perf_counter()
-        for name, dt in (("forward", t1 - t0), ("backward", t2 - t1), ("optimizer", t3 - t2)):
+        opt_s += time.perf_counter() - t3
+        for name, dt in (("forward", fwd), ("backward", bwd), ("optimizer", opt_s)):
             laps.setdefault(name, []).append(dt)
 
     # Fifteen warm-up steps: the first steps fill oneDNN's kernel cache (one JIT kernel per GEMM
