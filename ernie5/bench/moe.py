@@ -12,7 +12,8 @@ Shape: the nano MoE layer (d_model 256, 64 experts x 256, top-2) on ``tokens`` t
 plain fp32 (training runs a bf16 replica, i.e. the ``bf16`` row). Gradients are reset to None
 before every repeat.
 
-Two ceilings, measured in the same process, say how far any eager implementation could go:
+Two ceilings, measured in the same process, say how far a layer built on these batched GEMMs
+(oneDNN, unfused activations) could go:
   * ``gemm_only_ms``: just the six batched expert GEMMs (forward, data and weight gradients) of a
     perfectly balanced layer (``tokens * top_k / n_experts`` rows per expert, no padding, no
     routing, gathers, scatters or activations); ``dense_equiv_ratio_gemm_only`` is the ratio a
