@@ -1,12 +1,12 @@
 """``ernie5 bench train``: training throughput and MFU at the nano shape.
 
-One optimizer step (``grad_accum`` micro-batches of ``batch_size x seq_len`` tokens, default one) of
-the real training loop's work (forward with targets and the MTP loss,
-backward, gradient clipping folded into fused AdamW, aux-free bias update) on ``batch_size x seq_len``
-tokens of random ids, for the full model (no elastic sampling, so every step does the same
-work), with fp32 master weights and a bf16 compute replica (``train.precision``), as
-``ernie5 train`` runs. ``mfu = 6 * active_params_no_embedding * tokens_per_s / peak`` with
-``peak`` this machine's bf16 matmul FLOP/s measured in the same process (perf-anchors.md
+One optimizer step of the real training loop's work (forward with targets and the MTP loss,
+backward, gradient clipping folded into fused AdamW, aux-free bias update) on ``grad_accum``
+micro-batches (default one) of ``batch_size x seq_len`` random ids, for the full model (no
+elastic sampling, so every step does the same work), with fp32 master weights and a bf16
+compute replica (``train.precision``), as ``ernie5 train`` runs.
+``mfu = 6 * active_params_no_embedding * tokens_per_s / peak`` with ``peak`` this machine's bf16
+matmul FLOP/s measured in the same process (perf-anchors.md
 convention: attention-score FLOPs ignored).
 """
 
@@ -114,7 +114,7 @@ def bench_train(
         "grad_accum": grad_accum,
         "step_ms": seconds * 1e3,
         "tokens_per_s": tps,
-        "mfu": flops_per_step * tps / tokens / peak,
+        "mfu": flops_per_step / seconds / peak,
         "peak_gflops": peak / 1e9,
         "active_params_no_embedding": active,
         "phase_ms": phase_ms,

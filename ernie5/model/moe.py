@@ -230,6 +230,12 @@ class _Level:
     pair_EC: torch.Tensor
     """Index into the flattened (token, slot) gates; pad slots point at the dummy entry ``N*A``."""
 
+    def weights(self, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This level's expert weights (gathered for a subset level)."""
+        if self.experts is None:
+            return w13_EFD, w2_EDF
+        return w13_EFD[self.experts], w2_EDF[self.experts]
+
 
 def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
     """Sort (token, slot) pairs by expert into the padded levels of :func:`plan_levels`.
@@ -293,8 +299,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         y_pad = x_ND.new_zeros(n + 1, d)
         saved = []
         for lv in levels:
-            w13 = w13_EFD if lv.experts is None else w13_EFD[lv.experts]
-            w2 = w2_EDF if lv.experts is None else w2_EDF[lv.experts]
+            w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
             x_ECD = x_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
             h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
@@ -321,8 +326,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         dg_pad = torch.zeros(n_pairs + 1, dtype=torch.float32, device=dy_ND.device)
         dw13 = dw2 = None
         for lv, (x_ECD, h_EFC, silu_EFC, act_EFC, gated_EFC, gate_E1C) in zip(ctx.levels, ctx.saved):
-            w13 = w13_EFD if lv.experts is None else w13_EFD[lv.experts]
-            w2 = w2_EDF if lv.experts is None else w2_EDF[lv.experts]
+            w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
             dy_ECD = dy_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
             d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
