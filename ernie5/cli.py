@@ -459,10 +459,16 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from ernie5.kernels import mode as kernels_mode
     from ernie5.runtime import tune_allocator
 
     tune_allocator()
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        kernels_mode()
+    except ValueError as e:
+        print(f"ernie5: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if argv[:1] == ["lm-eval"]:  # forward verbatim: argparse's REMAINDER rejects a leading --option
         args = argparse.Namespace(command="lm-eval", fn=cmd_lm_eval, lm_eval_args=argv[1:])
     else:

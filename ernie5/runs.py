@@ -55,6 +55,8 @@ def machine_info() -> dict[str, Any]:
     """CPU, core count and torch thread count."""
     import torch
 
+    from ernie5.kernels import status as kernels_status
+
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -69,6 +71,7 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "platform": platform.platform(),
+        "kernels": kernels_status(),
     }
 
 

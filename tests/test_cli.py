@@ -56,6 +56,13 @@ def test_bad_input_is_one_line_exit_2(argv, fragment, capsys):
     assert fragment in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+def test_bad_kernels_setting_is_one_line_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("ERNIE5_KERNELS", "turbo")
+    assert main(["params", "--config", "micro"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "ERNIE5_KERNELS='turbo'" in err and "auto, on or off" in err and len(err.splitlines()) == 1
+
+
 def test_argparse_errors_exit_2():
     r = _run("params", "--seq-len", "many")
     assert r.returncode == 2 and "Traceback" not in r.stderr

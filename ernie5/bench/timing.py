@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from ernie5.kernels import status as kernel_status
+
 
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 2) -> float:
     """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` untimed runs."""
@@ -34,4 +36,5 @@ def environment() -> dict:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernels": kernel_status(),
     }

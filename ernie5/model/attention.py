@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ernie5.kernels import ops
 from ernie5.model.config import ModelConfig
 from ernie5.model.kv_cache import KVCache
 from ernie5.model.mask import AttnMask
+from ernie5.model.norm import RMSNorm
 from ernie5.model.rope import apply_rope
 
 
@@ -72,8 +74,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.dim_head
         self.wqkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.dim_head, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.dim_head, cfg.d_model, bias=False)
-        self.q_norm = nn.RMSNorm(cfg.dim_head, eps=cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = nn.RMSNorm(cfg.dim_head, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(cfg.dim_head, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.dim_head, eps=cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(
         self,
@@ -87,12 +89,18 @@ class Attention(nn.Module):
         b, t, _ = x_BTD.shape
         h, k, dh = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.wqkv(x_BTD).view(b, t, h + 2 * k, dh)
-        q_BTHD, k_BTKD, v_BTKD = qkv.split([h, k, k], dim=2)
-        if self.q_norm is not None:
-            q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
-        q_BHTD = apply_rope(q_BTHD.transpose(1, 2), cos_BTP, sin_BTP)
-        k_BKTD = apply_rope(k_BTKD.transpose(1, 2), cos_BTP, sin_BTP)
-        v_BKTD = v_BTKD.transpose(1, 2)
+        norm_w = () if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
+        if ops.fusable(qkv, *norm_w):  # one pass: split, QK-norm, RoPE, heads-first layout
+            q_w, k_w = norm_w or (None, None)
+            eps = self.q_norm.eps if self.q_norm is not None else 0.0
+            q_BHTD, k_BKTD, v_BKTD = ops.qk_norm_rope(qkv, q_w, k_w, cos_BTP, sin_BTP, h, k, eps)
+        else:
+            q_BTHD, k_BTKD, v_BTKD = qkv.split([h, k, k], dim=2)
+            if self.q_norm is not None:
+                q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
+            q_BHTD = apply_rope(q_BTHD.transpose(1, 2), cos_BTP, sin_BTP)
+            k_BKTD = apply_rope(k_BTKD.transpose(1, 2), cos_BTP, sin_BTP)
+            v_BKTD = v_BTKD.transpose(1, 2)
         if cache is not None:
             k_BKTD, v_BKTD = cache.update(layer, k_BKTD, v_BKTD)
         if mask.block_mask is not None:

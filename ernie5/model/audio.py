@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ernie5.model.config import AudioConfig
+from ernie5.model.norm import RMSNorm
 
 
 class AudioModule(nn.Module):
@@ -50,7 +51,7 @@ class AudioModule(nn.Module):
         self.in_emb = nn.ModuleList(nn.Embedding(k, d_model) for _ in range(q))
         self.start_emb = nn.Parameter(torch.zeros(d_model))
         self.speaker_emb = nn.Embedding(cfg.n_speakers, d_model)
-        self.head_norm = nn.ModuleList(nn.RMSNorm(d_model, eps=norm_eps) for _ in range(q))
+        self.head_norm = nn.ModuleList(RMSNorm(d_model, eps=norm_eps) for _ in range(q))
         self.heads = nn.ModuleList(nn.Linear(d_model, k + (1 if i == 0 else 0), bias=False) for i in range(q))
         # Level-1 codes include END; the last level's code is never added (nothing follows it).
         self.code_emb = nn.ModuleList(nn.Embedding(k + (1 if i == 0 else 0), d_model) for i in range(q - 1))

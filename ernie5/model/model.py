@@ -41,6 +41,7 @@ from ernie5.model.kv_cache import KVCache
 from ernie5.model.loss import IGNORE, linear_cross_entropy
 from ernie5.model.mask import AttnMask, build_mask
 from ernie5.model.moe import MoE, RouterOutput, SwiGLU
+from ernie5.model.norm import RMSNorm
 from ernie5.model.rope import inv_frequencies, rope_cos_sin, text_positions
 from ernie5.model.vision import VisionModule
 
@@ -89,9 +90,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, is_moe: bool) -> None:
         super().__init__()
-        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg)
-        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.ffn: MoE | SwiGLU = MoE(cfg.d_model, cfg.moe) if is_moe else SwiGLU(cfg.d_model, cfg.d_ff)
 
     def forward(
@@ -116,11 +117,11 @@ class MTPModule(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.norm_h = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.norm_e = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm_h = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm_e = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.proj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
         self.block = Block(cfg, is_moe=False)
-        self.norm_out = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm_out = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
 
     def forward(
         self, h_BTD: torch.Tensor, emb_BTD: torch.Tensor, ctx: _Context, layer: int = 0
@@ -138,7 +139,7 @@ class Ernie5Model(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg, cfg.is_moe_layer(i)) for i in range(cfg.n_layers))
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight

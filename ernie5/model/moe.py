@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ernie5.kernels import kernels, ops
 from ernie5.model.config import MoEConfig
 
 GATHER_MAX_PAIRS = 16
@@ -288,7 +289,9 @@ class _GroupedSwiGLU(torch.autograd.Function):
     (``y = W2 (gate * a)``, the same product), so the combine is a plain scatter-add and the gate
     gradient is a reduction over the contiguous ``(E, F, C)`` activations rather than over the
     strided output. The backward accumulates a subset level's weight gradients in place
-    (``index_add_``), so no full-size zero tensor is materialised per level.
+    (``index_add_``), so no full-size zero tensor is materialised per level. On CPU the activation
+    ``silu(g) * u * gate`` and its backward (``d_h`` and the gate gradient) are one fused kernel
+    each (:mod:`ernie5.kernels`), which keeps only ``h`` and recomputes ``silu`` in the backward.
     """
 
     @staticmethod
@@ -297,20 +300,26 @@ class _GroupedSwiGLU(torch.autograd.Function):
         x_pad = torch.cat([x_ND, x_ND.new_zeros(1, d)])
         g_pad = torch.cat([gates_P.to(x_ND.dtype), gates_P.new_zeros(1, dtype=x_ND.dtype)])
         y_pad = x_ND.new_zeros(n + 1, d)
+        fused = ops.fusable(x_ND, w13_EFD, w2_EDF)
         saved = []
         for lv in levels:
             w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
             x_ECD = x_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
             h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
-            g, u = h_EFC.chunk(2, dim=1)
-            silu_EFC = F.silu(g)
-            act_EFC = silu_EFC * u
             gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
-            gated_EFC = act_EFC * gate_E1C
+            if fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
+                gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C)
+                acts = None
+            else:
+                g, u = h_EFC.chunk(2, dim=1)
+                silu_EFC = F.silu(g)
+                act_EFC = silu_EFC * u
+                gated_EFC = act_EFC * gate_E1C
+                acts = (silu_EFC, act_EFC)
             y_ECD = torch.bmm(w2, gated_EFC).transpose(1, 2)
             y_pad.index_add_(0, lv.tok_EC, y_ECD.reshape(-1, d))
-            saved.append((x_ECD, h_EFC, silu_EFC, act_EFC, gated_EFC, gate_E1C))
+            saved.append((x_ECD, h_EFC, gated_EFC, gate_E1C, acts))
         ctx.levels = levels
         ctx.saved = saved
         ctx.shapes = (n, d, gates_P.numel(), gates_P.dtype)
@@ -325,19 +334,24 @@ class _GroupedSwiGLU(torch.autograd.Function):
         dx_pad = dy_ND.new_zeros(n + 1, d)
         dg_pad = torch.zeros(n_pairs + 1, dtype=torch.float32, device=dy_ND.device)
         dw13 = dw2 = None
-        for lv, (x_ECD, h_EFC, silu_EFC, act_EFC, gated_EFC, gate_E1C) in zip(ctx.levels, ctx.saved):
+        for lv, (x_ECD, h_EFC, gated_EFC, gate_E1C, acts) in zip(ctx.levels, ctx.saved):
             w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
             dy_ECD = dy_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
             d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
             d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
-            dg_pad.index_add_(0, lv.pair_EC, (d_gated * act_EFC).sum(1, dtype=torch.float32).reshape(-1))
-            d_act = d_gated.mul_(gate_E1C)
-            g, u = h_EFC.chunk(2, dim=1)
-            d_h = torch.empty_like(h_EFC)
-            d_g, d_u = d_h.chunk(2, dim=1)
-            torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
-            torch.mul(d_act, silu_EFC, out=d_u)
+            if acts is None:
+                d_h, d_gate_EC = kernels().swiglu_gate_bwd(d_gated, h_EFC, gate_E1C)
+                dg_pad.index_add_(0, lv.pair_EC, d_gate_EC.view(-1))
+            else:
+                silu_EFC, act_EFC = acts
+                dg_pad.index_add_(0, lv.pair_EC, (d_gated * act_EFC).sum(1, dtype=torch.float32).reshape(-1))
+                d_act = d_gated.mul_(gate_E1C)
+                g, u = h_EFC.chunk(2, dim=1)
+                d_h = torch.empty_like(h_EFC)
+                d_g, d_u = d_h.chunk(2, dim=1)
+                torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
+                torch.mul(d_act, silu_EFC, out=d_u)
             d_w13 = torch.bmm(d_h, x_ECD)
             d_x = torch.bmm(d_h.transpose(1, 2), w13)  # (E, C, D), contiguous for the scatter
             dx_pad.index_add_(0, lv.tok_EC, d_x.view(-1, d))

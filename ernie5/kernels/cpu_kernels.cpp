@@ -1,0 +1,446 @@
+// Fused CPU kernels for ernie5 (built on first use by ernie5/kernels/__init__.py).
+//
+// Each kernel replaces a chain of eager PyTorch ops that each stream the whole activation
+// through memory: one pass reads the inputs, computes in fp32 and writes the outputs once.
+// Tensors are bf16 or fp32; every kernel is also implemented in eager PyTorch in
+// ernie5/kernels/ops.py, which is the reference the tests compare against.
+//
+// Determinism: at::parallel_for splits ranges statically for a given thread count, and every
+// reduction runs in a fixed order inside one chunk, so results are bit-identical run to run
+// (exact training resume relies on it).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float to_f(float v) { return v; }
+inline float to_f(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <typename T> inline T from_f(float f);
+template <> inline float from_f<float>(float f) { return f; }
+template <> inline uint16_t from_f<uint16_t>(float f) {  // round to nearest even, as c10::BFloat16
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint16_t r = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return std::isnan(f) ? static_cast<uint16_t>(0x7FC0) : r;
+}
+
+// exp(x) in fp32 without libm, so loops over it vectorise: Cephes' range reduction
+// x = n ln2 + r and degree-6 polynomial for e^r (about 2 ulp), inputs clamped to the normal range.
+inline float exp_f(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.3f ? 88.3f : x;
+  float t = x * 1.44269504088896341f;
+  int32_t ni = static_cast<int32_t>(t + std::copysign(0.5f, t));  // nearest integer
+  float n = static_cast<float>(ni);
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float e = p * r * r + r + 1.f;
+  uint32_t bits = static_cast<uint32_t>(ni + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return e * scale;
+}
+
+// Stored element type of a tensor: bf16 is handled as raw uint16 bits.
+template <typename T> inline T* ptr(const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
+
+void check(const torch::Tensor& t, const char* name, at::ScalarType dtype) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+}
+
+// ---------------------------------------------------------------- RMSNorm over the last dim
+
+template <typename T>
+void rms_fwd_impl(const T* x, const T* w, T* y, float* rstd, int64_t rows, int64_t d, float eps) {
+  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+    std::vector<float> wf(d);
+    for (int64_t j = 0; j < d; ++j) wf[j] = to_f(w[j]);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * d;
+      T* yr = y + r * d;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t j = 0; j < d; ++j) {
+        float v = to_f(xr[j]);
+        ss += v * v;
+      }
+      float rs = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+      rstd[r] = rs;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) yr[j] = from_f<T>(to_f(xr[j]) * rs * wf[j]);
+    }
+  });
+}
+
+template <typename T>
+void rms_bwd_impl(const T* dy, const T* x, const T* w, const float* rstd, T* dx, float* dw_parts,
+                  int64_t rows, int64_t d) {
+  // dw_parts holds one fp32 row per chunk of rows; chunk boundaries depend only on rows and the
+  // thread count, so the final sum over chunks is deterministic.
+  int64_t nthreads = at::get_num_threads();
+  int64_t chunk = (rows + nthreads - 1) / nthreads;
+  at::parallel_for(0, nthreads, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> wf(d);
+    for (int64_t j = 0; j < d; ++j) wf[j] = to_f(w[j]);
+    for (int64_t c = c0; c < c1; ++c) {
+      float* dwp = dw_parts + c * d;
+      for (int64_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) {
+        const T* xr = x + r * d;
+        const T* dyr = dy + r * d;
+        T* dxr = dx + r * d;
+        float rs = rstd[r];
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < d; ++j) {
+          float xh = to_f(xr[j]) * rs;
+          float g = to_f(dyr[j]);
+          dot += g * wf[j] * xh;
+          dwp[j] += g * xh;
+        }
+        float m = dot / static_cast<float>(d);
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) {
+          float xh = to_f(xr[j]) * rs;
+          dxr[j] = from_f<T>(rs * (to_f(dyr[j]) * wf[j] - xh * m));
+        }
+      }
+    }
+  });
+}
+
+std::vector<torch::Tensor> rms_norm_fwd(torch::Tensor x, torch::Tensor w, double eps) {
+  auto dt = x.scalar_type();
+  check(x, "x", dt);
+  check(w, "weight", dt);
+  int64_t d = x.size(-1), rows = x.numel() / d;
+  TORCH_CHECK(w.numel() == d, "weight has ", w.numel(), " elements, expected ", d);
+  auto y = torch::empty_like(x);
+  auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
+  if (dt == torch::kBFloat16)
+    rms_fwd_impl(ptr<uint16_t>(x), ptr<uint16_t>(w), ptr<uint16_t>(y), ptr<float>(rstd), rows, d, eps);
+  else
+    rms_fwd_impl(ptr<float>(x), ptr<float>(w), ptr<float>(y), ptr<float>(rstd), rows, d, eps);
+  return {y, rstd};
+}
+
+std::vector<torch::Tensor> rms_norm_bwd(torch::Tensor dy, torch::Tensor x, torch::Tensor w, torch::Tensor rstd) {
+  auto dt = x.scalar_type();
+  check(dy, "grad", dt);
+  check(x, "x", dt);
+  check(w, "weight", dt);
+  check(rstd, "rstd", torch::kFloat);
+  int64_t d = x.size(-1), rows = x.numel() / d;
+  auto dx = torch::empty_like(x);
+  auto parts = torch::zeros({at::get_num_threads(), d}, x.options().dtype(torch::kFloat));
+  if (dt == torch::kBFloat16)
+    rms_bwd_impl(ptr<uint16_t>(dy), ptr<uint16_t>(x), ptr<uint16_t>(w), ptr<float>(rstd), ptr<uint16_t>(dx),
+                 ptr<float>(parts), rows, d);
+  else
+    rms_bwd_impl(ptr<float>(dy), ptr<float>(x), ptr<float>(w), ptr<float>(rstd), ptr<float>(dx), ptr<float>(parts),
+                 rows, d);
+  return {dx, parts.sum(0)};
+}
+
+// ------------------------------------------- attention prologue: split qkv, QK-norm, RoPE
+//
+// qkv (B, T, H + 2K, Dh) -> q (B, H, T, Dh), k (B, K, T, Dh), v (B, K, T, Dh). q and k heads are
+// RMS-normalised with their own weights (when given) and rotated by the half-split RoPE tables
+// cos/sin (B, T, Dh/2), rounded to the activation dtype first, as the eager path does.
+
+template <typename T>
+inline void norm_rope_row(const T* x, T* out, const float* wf, bool norm, float eps, const float* cs,
+                          const float* sn, int64_t dh, float* rstd_out) {
+  int64_t p = dh / 2;
+  float rs = 1.f;
+  if (norm) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < dh; ++j) {
+      float v = to_f(x[j]);
+      ss += v * v;
+    }
+    rs = 1.f / std::sqrt(ss / static_cast<float>(dh) + eps);
+  }
+  *rstd_out = rs;
+#pragma omp simd
+  for (int64_t j = 0; j < p; ++j) {
+    float n1 = to_f(x[j]) * rs, n2 = to_f(x[j + p]) * rs;
+    if (norm) {
+      n1 *= wf[j];
+      n2 *= wf[j + p];
+    }
+    out[j] = from_f<T>(n1 * cs[j] - n2 * sn[j]);
+    out[j + p] = from_f<T>(n2 * cs[j] + n1 * sn[j]);
+  }
+}
+
+template <typename T>
+void qk_rope_fwd_impl(const T* qkv, const T* qw, const T* kw, const float* cos, const float* sin, T* q, T* k, T* v,
+                      float* rstd, int64_t b, int64_t t, int64_t h, int64_t kh, int64_t dh, bool norm, float eps) {
+  int64_t p = dh / 2, nh = h + 2 * kh;
+  at::parallel_for(0, b * t, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> qwf(dh, 1.f), kwf(dh, 1.f), cs(p), sn(p);
+    if (norm)
+      for (int64_t j = 0; j < dh; ++j) {
+        qwf[j] = to_f(qw[j]);
+        kwf[j] = to_f(kw[j]);
+      }
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t bi = r / t, ti = r % t;
+      for (int64_t j = 0; j < p; ++j) {  // tables in the activation dtype
+        cs[j] = to_f(from_f<T>(cos[r * p + j]));
+        sn[j] = to_f(from_f<T>(sin[r * p + j]));
+      }
+      const T* row = qkv + r * nh * dh;
+      for (int64_t hi = 0; hi < h; ++hi)
+        norm_rope_row(row + hi * dh, q + ((bi * h + hi) * t + ti) * dh, qwf.data(), norm, eps, cs.data(), sn.data(),
+                      dh, rstd + r * (h + kh) + hi);
+      for (int64_t ki = 0; ki < kh; ++ki) {
+        norm_rope_row(row + (h + ki) * dh, k + ((bi * kh + ki) * t + ti) * dh, kwf.data(), norm, eps, cs.data(),
+                      sn.data(), dh, rstd + r * (h + kh) + h + ki);
+        std::memcpy(v + ((bi * kh + ki) * t + ti) * dh, row + (h + kh + ki) * dh, dh * sizeof(T));
+      }
+    }
+  });
+}
+
+template <typename T>
+inline void norm_rope_row_bwd(const T* x, const T* dout, T* dx, const float* wf, float* dwp, bool norm, float rs,
+                              const float* cs, const float* sn, int64_t dh, float* dn) {
+  int64_t p = dh / 2;
+#pragma omp simd
+  for (int64_t j = 0; j < p; ++j) {  // transpose of the rotation
+    float d1 = to_f(dout[j]), d2 = to_f(dout[j + p]);
+    dn[j] = d1 * cs[j] + d2 * sn[j];
+    dn[j + p] = d2 * cs[j] - d1 * sn[j];
+  }
+  if (!norm) {
+    for (int64_t j = 0; j < dh; ++j) dx[j] = from_f<T>(dn[j]);
+    return;
+  }
+  float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t j = 0; j < dh; ++j) {
+    float xh = to_f(x[j]) * rs;
+    dwp[j] += dn[j] * xh;
+    dn[j] *= wf[j];
+    dot += dn[j] * xh;
+  }
+  float m = dot / static_cast<float>(dh);
+#pragma omp simd
+  for (int64_t j = 0; j < dh; ++j) dx[j] = from_f<T>(rs * (dn[j] - to_f(x[j]) * rs * m));
+}
+
+template <typename T>
+void qk_rope_bwd_impl(const T* qkv, const T* qw, const T* kw, const float* cos, const float* sin, const float* rstd,
+                      const T* dq, const T* dk, const T* dv, T* dqkv, float* dw_parts, int64_t b, int64_t t, int64_t h,
+                      int64_t kh, int64_t dh, bool norm) {
+  int64_t p = dh / 2, nh = h + 2 * kh, rows = b * t;
+  int64_t nthreads = at::get_num_threads();
+  int64_t chunk = (rows + nthreads - 1) / nthreads;
+  at::parallel_for(0, nthreads, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> qwf(dh, 1.f), kwf(dh, 1.f), cs(p), sn(p), dn(dh);
+    if (norm)
+      for (int64_t j = 0; j < dh; ++j) {
+        qwf[j] = to_f(qw[j]);
+        kwf[j] = to_f(kw[j]);
+      }
+    for (int64_t c = c0; c < c1; ++c) {
+      float* dqw = dw_parts + c * 2 * dh;
+      float* dkw = dqw + dh;
+      for (int64_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) {
+        int64_t bi = r / t, ti = r % t;
+        for (int64_t j = 0; j < p; ++j) {
+          cs[j] = to_f(from_f<T>(cos[r * p + j]));
+          sn[j] = to_f(from_f<T>(sin[r * p + j]));
+        }
+        const T* row = qkv + r * nh * dh;
+        T* drow = dqkv + r * nh * dh;
+        const float* rs = rstd + r * (h + kh);
+        for (int64_t hi = 0; hi < h; ++hi)
+          norm_rope_row_bwd(row + hi * dh, dq + ((bi * h + hi) * t + ti) * dh, drow + hi * dh, qwf.data(), dqw, norm,
+                            rs[hi], cs.data(), sn.data(), dh, dn.data());
+        for (int64_t ki = 0; ki < kh; ++ki) {
+          norm_rope_row_bwd(row + (h + ki) * dh, dk + ((bi * kh + ki) * t + ti) * dh, drow + (h + ki) * dh, kwf.data(),
+                            dkw, norm, rs[h + ki], cs.data(), sn.data(), dh, dn.data());
+          std::memcpy(drow + (h + kh + ki) * dh, dv + ((bi * kh + ki) * t + ti) * dh, dh * sizeof(T));
+        }
+      }
+    }
+  });
+}
+
+std::vector<torch::Tensor> qk_norm_rope_fwd(torch::Tensor qkv, torch::Tensor qw, torch::Tensor kw, torch::Tensor cos,
+                                            torch::Tensor sin, int64_t h, int64_t kh, double eps) {
+  auto dt = qkv.scalar_type();
+  check(qkv, "qkv", dt);
+  check(cos, "cos", torch::kFloat);
+  check(sin, "sin", torch::kFloat);
+  bool norm = qw.numel() > 0;
+  if (norm) {
+    check(qw, "q_norm weight", dt);
+    check(kw, "k_norm weight", dt);
+  }
+  int64_t b = qkv.size(0), t = qkv.size(1), dh = qkv.size(3);
+  TORCH_CHECK(qkv.size(2) == h + 2 * kh, "qkv has ", qkv.size(2), " heads, expected ", h + 2 * kh);
+  TORCH_CHECK(dh % 2 == 0 && cos.numel() == b * t * (dh / 2) && sin.numel() == cos.numel(),
+              "RoPE tables must be (B, T, head_dim / 2)");
+  auto q = torch::empty({b, h, t, dh}, qkv.options());
+  auto k = torch::empty({b, kh, t, dh}, qkv.options());
+  auto v = torch::empty({b, kh, t, dh}, qkv.options());
+  auto rstd = torch::empty({b, t, h + kh}, qkv.options().dtype(torch::kFloat));
+  if (dt == torch::kBFloat16)
+    qk_rope_fwd_impl(ptr<uint16_t>(qkv), norm ? ptr<uint16_t>(qw) : nullptr, norm ? ptr<uint16_t>(kw) : nullptr,
+                     ptr<float>(cos), ptr<float>(sin), ptr<uint16_t>(q), ptr<uint16_t>(k), ptr<uint16_t>(v),
+                     ptr<float>(rstd), b, t, h, kh, dh, norm, eps);
+  else
+    qk_rope_fwd_impl(ptr<float>(qkv), norm ? ptr<float>(qw) : nullptr, norm ? ptr<float>(kw) : nullptr,
+                     ptr<float>(cos), ptr<float>(sin), ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(rstd), b,
+                     t, h, kh, dh, norm, eps);
+  return {q, k, v, rstd};
+}
+
+std::vector<torch::Tensor> qk_norm_rope_bwd(torch::Tensor qkv, torch::Tensor qw, torch::Tensor kw, torch::Tensor cos,
+                                            torch::Tensor sin, torch::Tensor rstd, torch::Tensor dq, torch::Tensor dk,
+                                            torch::Tensor dv) {
+  auto dt = qkv.scalar_type();
+  check(qkv, "qkv", dt);
+  check(dq, "grad q", dt);
+  check(dk, "grad k", dt);
+  check(dv, "grad v", dt);
+  check(rstd, "rstd", torch::kFloat);
+  bool norm = qw.numel() > 0;
+  int64_t b = qkv.size(0), t = qkv.size(1), dh = qkv.size(3), h = dq.size(1), kh = dk.size(1);
+  auto dqkv = torch::empty_like(qkv);
+  auto parts = torch::zeros({at::get_num_threads(), 2, dh}, qkv.options().dtype(torch::kFloat));
+  if (dt == torch::kBFloat16)
+    qk_rope_bwd_impl(ptr<uint16_t>(qkv), norm ? ptr<uint16_t>(qw) : nullptr, norm ? ptr<uint16_t>(kw) : nullptr,
+                     ptr<float>(cos), ptr<float>(sin), ptr<float>(rstd), ptr<uint16_t>(dq), ptr<uint16_t>(dk),
+                     ptr<uint16_t>(dv), ptr<uint16_t>(dqkv), ptr<float>(parts), b, t, h, kh, dh, norm);
+  else
+    qk_rope_bwd_impl(ptr<float>(qkv), norm ? ptr<float>(qw) : nullptr, norm ? ptr<float>(kw) : nullptr,
+                     ptr<float>(cos), ptr<float>(sin), ptr<float>(rstd), ptr<float>(dq), ptr<float>(dk), ptr<float>(dv),
+                     ptr<float>(dqkv), ptr<float>(parts), b, t, h, kh, dh, norm);
+  auto dw = parts.sum(0);
+  return {dqkv, dw[0], dw[1]};
+}
+
+// --------------------------------------- gated SwiGLU activation of the batched MoE experts
+//
+// h (E, 2F, C): rows [0, F) are the gate projection g, rows [F, 2F) the up projection u, with the
+// C token slots contiguous. gate (E, C). Forward: out = silu(g) * u * gate, (E, F, C).
+
+template <typename T>
+inline void swiglu_fwd_row(const T* __restrict g, const T* __restrict u, const T* __restrict gt, T* __restrict o,
+                           int64_t c) {
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) {
+    float gv = to_f(g[j]);
+    float s = gv / (1.f + exp_f(-gv));
+    o[j] = from_f<T>(s * to_f(u[j]) * to_f(gt[j]));
+  }
+}
+
+template <typename T>
+void swiglu_fwd_impl(const T* h, const T* gate, T* out, int64_t e, int64_t f, int64_t c) {
+  at::parallel_for(0, e * f, 16, [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t ei = r / f, fi = r % f;
+      const T* g = h + (ei * 2 * f + fi) * c;
+      swiglu_fwd_row(g, g + f * c, gate + ei * c, out + r * c, c);
+    }
+  });
+}
+
+// d_out (E, F, C) -> d_h (E, 2F, C) and d_gate (E, C) = sum_f d_out * silu(g) * u (fp32).
+template <typename T>
+inline void swiglu_bwd_row(const T* __restrict d, const T* __restrict g, const T* __restrict u,
+                           const T* __restrict gt, T* __restrict dg, T* __restrict du, float* __restrict acc,
+                           int64_t c) {
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) {
+    float gv = to_f(g[j]), uv = to_f(u[j]), dv = to_f(d[j]);
+    float sig = 1.f / (1.f + exp_f(-gv));
+    float sg = gv * sig;
+    acc[j] += dv * sg * uv;
+    float da = dv * to_f(gt[j]);
+    du[j] = from_f<T>(da * sg);
+    dg[j] = from_f<T>(da * uv * sig * (1.f + gv * (1.f - sig)));
+  }
+}
+
+template <typename T>
+void swiglu_bwd_impl(const T* dout, const T* h, const T* gate, T* dh, float* dgate, int64_t e, int64_t f, int64_t c) {
+  at::parallel_for(0, e, 1, [=](int64_t e0, int64_t e1) {
+    std::vector<float> acc(c);
+    for (int64_t ei = e0; ei < e1; ++ei) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t fi = 0; fi < f; ++fi) {
+        const T* g = h + (ei * 2 * f + fi) * c;
+        T* dg = dh + (ei * 2 * f + fi) * c;
+        swiglu_bwd_row(dout + (ei * f + fi) * c, g, g + f * c, gate + ei * c, dg, dg + f * c, acc.data(), c);
+      }
+      std::copy(acc.begin(), acc.end(), dgate + ei * c);
+    }
+  });
+}
+
+torch::Tensor swiglu_gate_fwd(torch::Tensor h, torch::Tensor gate) {
+  auto dt = h.scalar_type();
+  check(h, "h", dt);
+  check(gate, "gate", dt);
+  int64_t e = h.size(0), f = h.size(1) / 2, c = h.size(2);
+  TORCH_CHECK(gate.numel() == e * c, "gate has ", gate.numel(), " elements, expected ", e * c);
+  auto out = torch::empty({e, f, c}, h.options());
+  if (dt == torch::kBFloat16)
+    swiglu_fwd_impl(ptr<uint16_t>(h), ptr<uint16_t>(gate), ptr<uint16_t>(out), e, f, c);
+  else
+    swiglu_fwd_impl(ptr<float>(h), ptr<float>(gate), ptr<float>(out), e, f, c);
+  return out;
+}
+
+std::vector<torch::Tensor> swiglu_gate_bwd(torch::Tensor dout, torch::Tensor h, torch::Tensor gate) {
+  auto dt = h.scalar_type();
+  check(dout, "grad", dt);
+  check(h, "h", dt);
+  check(gate, "gate", dt);
+  int64_t e = h.size(0), f = h.size(1) / 2, c = h.size(2);
+  auto dh = torch::empty_like(h);
+  auto dgate = torch::empty({e, c}, h.options().dtype(torch::kFloat));
+  if (dt == torch::kBFloat16)
+    swiglu_bwd_impl(ptr<uint16_t>(dout), ptr<uint16_t>(h), ptr<uint16_t>(gate), ptr<uint16_t>(dh), ptr<float>(dgate),
+                    e, f, c);
+  else
+    swiglu_bwd_impl(ptr<float>(dout), ptr<float>(h), ptr<float>(gate), ptr<float>(dh), ptr<float>(dgate), e, f, c);
+  return {dh, dgate};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm_fwd", &rms_norm_fwd);
+  m.def("rms_norm_bwd", &rms_norm_bwd);
+  m.def("qk_norm_rope_fwd", &qk_norm_rope_fwd);
+  m.def("qk_norm_rope_bwd", &qk_norm_rope_bwd);
+  m.def("swiglu_gate_fwd", &swiglu_gate_fwd);
+  m.def("swiglu_gate_bwd", &swiglu_gate_bwd);
+}

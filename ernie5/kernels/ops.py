@@ -1,0 +1,87 @@
+"""Autograd wrappers of the fused CPU kernels, and the test of when they apply (:func:`fusable`).
+
+The eager counterparts live with the model code (``nn.RMSNorm``, the eager lines of
+:class:`ernie5.model.attention.Attention` and :class:`ernie5.model.moe._GroupedSwiGLU`); they run
+whenever :func:`fusable` says no, and are the references of ``tests/kernels``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ernie5.kernels import kernels
+
+FUSED_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def fusable(*tensors: torch.Tensor) -> bool:
+    """Whether the fused kernels can take these tensors: all on CPU, one dtype (bf16 or fp32)."""
+    dtype = tensors[0].dtype
+    if dtype not in FUSED_DTYPES or any(t.device.type != "cpu" or t.dtype != dtype for t in tensors):
+        return False
+    return kernels() is not None
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):  # noqa: D102
+        x = x.contiguous()
+        y, rstd = kernels().rms_norm_fwd(x, weight.contiguous(), eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # noqa: D102
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = kernels().rms_norm_bwd(dy.contiguous(), x, weight.contiguous(), rstd)
+        return dx, dw.to(weight.dtype), None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2, -1) + eps) * weight`` in one pass (fp32 math)."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+class _QKNormRoPE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, q_weight, k_weight, cos, sin, n_heads, n_kv_heads, eps):  # noqa: D102
+        qkv = qkv.contiguous()
+        b, t, _, dh = qkv.shape
+        cos = cos.float().expand(b, t, dh // 2).contiguous()
+        sin = sin.float().expand(b, t, dh // 2).contiguous()
+        empty = qkv.new_empty(0)
+        qw = q_weight.contiguous() if q_weight is not None else empty
+        kw = k_weight.contiguous() if k_weight is not None else empty
+        q, k, v, rstd = kernels().qk_norm_rope_fwd(qkv, qw, kw, cos, sin, n_heads, n_kv_heads, eps)
+        ctx.save_for_backward(qkv, qw, kw, cos, sin, rstd)
+        ctx.has_norm = q_weight is not None
+        ctx.heads = (n_heads, n_kv_heads)
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):  # noqa: D102
+        qkv, qw, kw, cos, sin, rstd = ctx.saved_tensors
+        b, t, _, dh = qkv.shape
+        h, k = ctx.heads
+        shapes = ((b, h, t, dh), (b, k, t, dh), (b, k, t, dh))
+        grads = [g.contiguous() if g is not None else qkv.new_zeros(s) for g, s in zip((dq, dk, dv), shapes)]
+        dqkv, dqw, dkw = kernels().qk_norm_rope_bwd(qkv, qw, kw, cos, sin, rstd, *grads)
+        if not ctx.has_norm:
+            return dqkv, None, None, None, None, None, None, None
+        return dqkv, dqw.to(qw.dtype), dkw.to(kw.dtype), None, None, None, None, None
+
+
+def qk_norm_rope(
+    qkv_BTND: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    cos_BTP: torch.Tensor,
+    sin_BTP: torch.Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split packed ``(B, T, H + 2K, Dh)`` projections into ``q (B, H, T, Dh)``, ``k``, ``v``
+    ``(B, K, T, Dh)``, RMS-normalising q and k heads (weights ``None`` = no QK-norm) and rotating
+    them by the half-split RoPE tables ``(B, T, Dh/2)``."""
+    return _QKNormRoPE.apply(qkv_BTND, q_weight, k_weight, cos_BTP, sin_BTP, n_heads, n_kv_heads, eps)

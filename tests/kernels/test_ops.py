@@ -1,0 +1,180 @@
+"""Fused CPU kernels against their eager PyTorch references (forward and gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ernie5 import kernels as kernels_pkg
+from ernie5.kernels import kernels, ops
+from ernie5.model.norm import RMSNorm
+from ernie5.model.rope import apply_rope, inv_frequencies, rope_cos_sin
+
+needs_kernels = pytest.mark.skipif(kernels() is None, reason="fused CPU kernels did not build here")
+
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    torch.testing.assert_close(a.float(), b.float(), **TOL[dtype])
+
+
+def _grads(fn, inputs, grad_outs):
+    for t in inputs:
+        t.grad = None
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    torch.autograd.backward(outs, grad_outs)
+    return [o.detach() for o in outs], [t.grad.clone() for t in inputs]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 3, 37), (1, 1, 256), (5, 256), (8, 64, 256)])
+def test_rms_norm_matches_eager(dtype, shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape).to(dtype).requires_grad_()
+    w = (torch.rand(shape[-1]) + 0.5).to(dtype).requires_grad_()
+    dy = torch.randn(shape).to(dtype)
+    ref_out, ref_grads = _grads(lambda x, w: F.rms_norm(x, (shape[-1],), w, 1e-6), [x, w], [dy])
+    out, grads = _grads(lambda x, w: ops.rms_norm(x, w, 1e-6), [x, w], [dy])
+    _close(out[0], ref_out[0], dtype)
+    _close(grads[0], ref_grads[0], dtype)
+    # The weight gradient sums over every row: compare relative to its scale.
+    scale = ref_grads[1].float().abs().max()
+    torch.testing.assert_close(grads[1].float() / scale, ref_grads[1].float() / scale, atol=1e-2, rtol=0)
+
+
+@needs_kernels
+def test_rms_norm_module_is_nn_rmsnorm():
+    ref = torch.nn.RMSNorm(48, eps=1e-5)
+    mod = RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+    mod.load_state_dict(ref.state_dict())
+    assert list(mod.state_dict()) == list(ref.state_dict())
+    x = torch.randn(4, 7, 48)
+    _close(mod(x), ref(x), torch.float32)
+    x_nc = torch.randn(4, 48, 7).transpose(1, 2)  # non-contiguous input
+    _close(mod(x_nc), ref(x_nc), torch.float32)
+    x64 = x.double()  # not fusable: the module runs nn.RMSNorm itself
+    assert not ops.fusable(x64, mod.weight.double())
+    _close(mod.double()(x64), ref.double()(x64), torch.float32)
+
+
+def _qk_reference(qkv, q_w, k_w, cos, sin, h, k, eps):
+    q, kk, v = qkv.split([h, k, k], dim=2)
+    if q_w is not None:
+        dh = qkv.shape[-1]
+        q, kk = F.rms_norm(q, (dh,), q_w, eps), F.rms_norm(kk, (dh,), k_w, eps)
+    return (
+        apply_rope(q.transpose(1, 2), cos, sin),
+        apply_rope(kk.transpose(1, 2), cos, sin),
+        v.transpose(1, 2),
+    )
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qk_norm_rope_matches_eager(dtype, qk_norm):
+    torch.manual_seed(0)
+    b, t, h, k, dh = 2, 9, 4, 2, 16
+    qkv = torch.randn(b, t, h + 2 * k, dh).to(dtype).requires_grad_()
+    weights = [(torch.rand(dh) + 0.5).to(dtype).requires_grad_() for _ in range(2)] if qk_norm else []
+    # Uni-RoPE with distinct (t, h, w) positions, so every section of the tables differs.
+    pos = torch.stack([torch.randint(0, 50, (b, t)) for _ in range(3)])
+    cos, sin = rope_cos_sin(pos, inv_frequencies(dh, 1e4), (4, 2, 2))
+    grads_out = [torch.randn(b, n, t, dh).to(dtype) for n in (h, k, k)]
+    q_w, k_w = weights or (None, None)
+
+    def ref(qkv, *w):
+        return _qk_reference(qkv, *(w or (None, None)), cos, sin, h, k, 1e-6)
+
+    def fused(qkv, *w):
+        return ops.qk_norm_rope(qkv, *(w or (None, None)), cos, sin, h, k, 1e-6)
+
+    ref_out, ref_grads = _grads(ref, [qkv, *weights], grads_out)
+    out, grads = _grads(fused, [qkv, *weights], grads_out)
+    for a, r in zip(out, ref_out):
+        assert a.shape == r.shape and a.is_contiguous()
+        _close(a, r, dtype)
+    _close(grads[0], ref_grads[0], dtype)
+    for g, r in zip(grads[1:], ref_grads[1:]):
+        scale = r.float().abs().max()
+        torch.testing.assert_close(g.float() / scale, r.float() / scale, atol=1e-2, rtol=0)
+    assert q_w is None or q_w.grad is not None
+
+
+def _swiglu_reference(h, gate):
+    g, u = h.chunk(2, dim=1)
+    return F.silu(g) * u * gate[:, None]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_gate_matches_eager(dtype):
+    torch.manual_seed(0)
+    e, f, c = 3, 24, 13
+    h = (torch.randn(e, 2 * f, c) * 4).to(dtype)
+    h[0, 0, :4] = torch.tensor([-100.0, 100.0, -30.0, 30.0])  # the exp approximation's clamped range
+    gate = torch.rand(e, c).to(dtype)
+    gate[:, -2:] = 0  # pad slots
+    dout = torch.randn(e, f, c).to(dtype)
+    hr, gr = h.clone().requires_grad_(), gate.clone().requires_grad_()
+    ref = _swiglu_reference(hr, gr)
+    ref.backward(dout)
+    out = kernels().swiglu_gate_fwd(h, gate)
+    d_h, d_gate = kernels().swiglu_gate_bwd(dout, h, gate)
+    _close(out, ref, dtype)
+    _close(d_h, hr.grad, dtype)
+    assert d_gate.dtype == torch.float32
+    scale = gr.grad.float().abs().max()
+    torch.testing.assert_close(
+        d_gate / scale, gr.grad.float() / scale, atol=2e-2 if dtype == torch.bfloat16 else 1e-5, rtol=0
+    )
+    assert torch.isfinite(out).all() and torch.isfinite(d_h).all()
+
+
+@needs_kernels
+def test_kernels_are_deterministic():
+    torch.manual_seed(0)
+    x = torch.randn(64, 33, 40, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.rand(40, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    first = _grads(lambda x, w: ops.rms_norm(x, w, 1e-6), [x, w], [dy])
+    second = _grads(lambda x, w: ops.rms_norm(x, w, 1e-6), [x, w], [dy])
+    for a, b in zip(first[0] + first[1], second[0] + second[1]):
+        assert torch.equal(a, b)
+
+
+def test_off_mode_runs_eager(monkeypatch):
+    monkeypatch.setenv("ERNIE5_KERNELS", "off")
+    x = torch.randn(3, 8)
+    assert kernels() is None and not ops.fusable(x)
+    assert kernels_pkg.status() == "off"
+    mod = RMSNorm(8, eps=1e-6)
+    torch.testing.assert_close(mod(x), F.rms_norm(x, (8,), mod.weight, 1e-6))
+
+
+def test_bad_mode_is_an_error(monkeypatch):
+    monkeypatch.setenv("ERNIE5_KERNELS", "fast")
+    with pytest.raises(ValueError, match="ERNIE5_KERNELS='fast'"):
+        kernels()
+
+
+def test_build_failure_falls_back_to_eager(monkeypatch):
+    monkeypatch.setattr(kernels_pkg, "_STATE", {})
+
+    def broken():
+        raise RuntimeError("no C++ compiler (c++) on PATH")
+
+    monkeypatch.setattr(kernels_pkg, "_build", broken)
+    with pytest.warns(UserWarning, match="using eager PyTorch"):
+        assert kernels() is None
+    assert kernels_pkg.status().startswith("eager (RuntimeError: no C++ compiler")
+    monkeypatch.setenv("ERNIE5_KERNELS", "on")
+    monkeypatch.setattr(kernels_pkg, "_STATE", {})
+    with pytest.raises(RuntimeError, match="ERNIE5_KERNELS=on"):
+        kernels()
