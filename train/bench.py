@@ -1,8 +1,8 @@
 """``ernie5 bench train``: training throughput and MFU at the nano shape.
 
 One optimizer step of the real training loop's work (forward with targets and the MTP loss,
-backward, gradient clipping folded into fused AdamW, aux-free bias update) on ``grad_accum``
-micro-batches (default one) of ``batch_size x seq_len`` random ids, for the full model (no
+backward, gradient clipping and AdamW through ``MixedPrecision.step``, aux-free bias update) on
+``grad_accum`` micro-batches (default one) of ``batch_size x seq_len`` random ids, for the full model (no
 elastic sampling, so every step does the same work), with fp32 master weights and a bf16
 compute replica (``train.precision``), as ``ernie5 train`` runs.
 ``mfu = 6 * active_params_no_embedding * tokens_per_s / peak`` with ``peak`` this machine's bf16
@@ -26,7 +26,6 @@ from ernie5.model.moe import MoE, update_router_bias
 from ernie5.params import count_params
 from ernie5.presets import resolve_config_path
 from ernie5.runtime import tune_allocator
-from train.clip import clip_and_step
 from train.precision import MixedPrecision
 
 
@@ -119,7 +118,7 @@ def bench_train(
         "active_params_no_embedding": active,
         "phase_ms": phase_ms,
         # The MFU the step would have if forward and backward took no time at all: the optimizer
-        # phase (gradient accumulation into fp32, clip + fused AdamW, replica sync) alone caps it.
+        # phase (gradient accumulation into fp32, clip + AdamW, replica refresh) alone caps it.
         "mfu_ceiling_optimizer_only": flops_per_step / (phase_ms["optimizer"] / 1e3) / peak,
         # The step time 30% MFU would allow, to set against phase_ms.
         "step_ms_at_target": flops_per_step / (0.30 * peak) * 1e3,
@@ -162,7 +161,6 @@ def _time_step(
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     ids = torch.randint(16, cfg.vocab_size, (batch_size, seq_len + 1))
     x, y = ids[:, :-1], ids[:, 1:]
-    params = list(model.parameters())
     moes = [b.ffn for b in model.layers if isinstance(b.ffn, MoE)]
     avail = torch.ones(cfg.moe.n_experts, dtype=torch.bool)
 
@@ -178,12 +176,12 @@ def _time_step(
             t1 = time.perf_counter()
             (loss / grad_accum).backward()
             t2 = time.perf_counter()
-            mp.accumulate_grads()
+            mp.accumulate_grads(only_micro_batch=grad_accum == 1)
             for c, r in zip(counts, out.routing.values()):
                 c += r.counts_E
             fwd, bwd, opt_s = fwd + t1 - t0, bwd + t2 - t1, opt_s + time.perf_counter() - t2
         t3 = time.perf_counter()
-        clip_and_step(opt, params, 1.0 if full_recipe else 0.0)
+        mp.step(opt, 1.0 if full_recipe else 0.0)
         opt.zero_grad(set_to_none=True)
         if full_recipe:
             for moe, c in zip(moes, counts):

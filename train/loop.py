@@ -46,7 +46,6 @@ from ernie5.params import count_params
 from ernie5.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
 from ernie5.sequence import MODALITIES
 from ernie5.tokenizers.text import TextTokenizer
-from train.clip import clip_and_step
 from train.config import RunConfig
 from train.data import MixtureStream, open_sources, tokenizer_corpus
 from train.elastic import sample_subnet
@@ -323,7 +322,7 @@ class Trainer:
         if out.audio_loss is not None:
             total = total + cfg.train.audio_gen_weight * weights.get("audio_gen", 1.0) * out.audio_loss
         (total / cfg.train.grad_accum).backward()
-        self.precision.accumulate_grads()
+        self.precision.accumulate_grads(only_micro_batch=cfg.train.grad_accum == 1 and self.dist.world == 1)
         with torch.no_grad():
             valid = batch.targets != -100
             per_mod = {}
@@ -443,7 +442,7 @@ class Trainer:
             if self.dist.world > 1:
                 self._allreduce_grads()
                 micros = self._gather_micros(micros)
-            grad_norm = clip_and_step(self.optimizer, list(self.model.parameters()), cfg.optim.grad_clip)
+            grad_norm = self.precision.step(self.optimizer, cfg.optim.grad_clip)
             self.optimizer.zero_grad(set_to_none=True)
             self._update_biases(step, micros)
             self.precision.sync()

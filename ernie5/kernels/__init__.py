@@ -72,7 +72,7 @@ def _build() -> ModuleType:
     return load(
         name=_build_name(),
         sources=[str(_SOURCE)],
-        extra_cflags=["-O3", "-march=native", "-fno-trapping-math", "-fopenmp"],
+        extra_cflags=["-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"],
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )

@@ -434,6 +434,112 @@ std::vector<torch::Tensor> swiglu_gate_bwd(torch::Tensor dout, torch::Tensor h, 
   return {dh, dgate};
 }
 
+// ------------------------------------------------- AdamW step for fp32 master weights
+//
+// One pass per parameter: decoupled weight decay, the clip factor (inv_scale), the Adam moments,
+// the bias-corrected update (the formula of PyTorch's fused AdamW), and, when a bf16 replica is
+// given, the rounded copy of the new weight into it. The gradient is the replica's bf16 gradient
+// or an fp32 (accumulated) one.
+
+template <typename G, bool Replica>
+void adamw_impl(float* p, const G* g, float* m, float* v, uint16_t* rep, int64_t n, float lr, float b1, float b2,
+                float eps, float wd, float step_size, float bc2_sqrt, float inv_scale) {
+  float decay = 1.f - lr * wd;
+  at::parallel_for(0, n, 1 << 14, [=](int64_t i0, int64_t i1) {
+    float* __restrict pp = p;
+    float* __restrict mm = m;
+    float* __restrict vv = v;
+    const G* __restrict gg = g;
+    uint16_t* __restrict rr = rep;
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      float gr = to_f(gg[i]) * inv_scale;
+      float pv = pp[i] * decay;
+      float mv = mm[i] + (1.f - b1) * (gr - mm[i]);
+      float vv2 = vv[i] * b2 + (1.f - b2) * gr * gr;
+      pv -= step_size * mv / (std::sqrt(vv2) / bc2_sqrt + eps);
+      mm[i] = mv;
+      vv[i] = vv2;
+      pp[i] = pv;
+      if constexpr (Replica) rr[i] = from_f<uint16_t>(pv);
+    }
+  });
+}
+
+template <typename G>
+void adamw_dispatch(float* p, const G* g, float* m, float* v, uint16_t* rep, int64_t n, float lr, float b1,
+                    float b2, float eps, float wd, float step_size, float bc2_sqrt, float inv_scale) {
+  if (rep != nullptr)
+    adamw_impl<G, true>(p, g, m, v, rep, n, lr, b1, b2, eps, wd, step_size, bc2_sqrt, inv_scale);
+  else
+    adamw_impl<G, false>(p, g, m, v, rep, n, lr, b1, b2, eps, wd, step_size, bc2_sqrt, inv_scale);
+}
+
+void adamw_step(torch::Tensor p, torch::Tensor g, torch::Tensor m, torch::Tensor v, torch::Tensor replica, double lr,
+                double beta1, double beta2, double eps, double weight_decay, double step, double inv_scale) {
+  check(p, "param", torch::kFloat);
+  check(m, "exp_avg", torch::kFloat);
+  check(v, "exp_avg_sq", torch::kFloat);
+  check(g, "grad", g.scalar_type());
+  int64_t n = p.numel();
+  TORCH_CHECK(g.numel() == n && m.numel() == n && v.numel() == n, "adamw_step: size mismatch");
+  uint16_t* rep = nullptr;
+  if (replica.numel() > 0) {
+    check(replica, "replica", torch::kBFloat16);
+    TORCH_CHECK(replica.numel() == n, "adamw_step: replica size mismatch");
+    rep = ptr<uint16_t>(replica);
+  }
+  float step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, step)));
+  float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, step)));
+  if (g.scalar_type() == torch::kBFloat16)
+    adamw_dispatch(ptr<float>(p), ptr<uint16_t>(g), ptr<float>(m), ptr<float>(v), rep, n, lr, beta1, beta2, eps,
+               weight_decay, step_size, bc2_sqrt, inv_scale);
+  else {
+    TORCH_CHECK(g.scalar_type() == torch::kFloat, "adamw_step: grad must be bf16 or fp32");
+    adamw_dispatch(ptr<float>(p), ptr<float>(g), ptr<float>(m), ptr<float>(v), rep, n, lr, beta1, beta2, eps,
+               weight_decay, step_size, bc2_sqrt, inv_scale);
+  }
+}
+
+// Sum of squares of a bf16 or fp32 tensor in fp64, with a fixed reduction order.
+template <typename G>
+inline float block_sum_squares(const G* __restrict g, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    float x = to_f(g[i]);
+    s += x * x;
+  }
+  return s;
+}
+
+template <typename G>
+double sum_squares_impl(const G* g, int64_t n) {
+  // fp32 within blocks of 4096, fp64 across blocks and chunks; chunk boundaries depend only on n
+  // and the thread count, so the result is deterministic.
+  int64_t nthreads = at::get_num_threads();
+  int64_t chunk = (n + nthreads - 1) / nthreads;
+  std::vector<double> parts(nthreads, 0.0);
+  at::parallel_for(0, nthreads, 1, [=, &parts](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
+      double acc = 0.0;
+      for (int64_t b = lo; b < hi; b += 4096) acc += block_sum_squares(g + b, std::min<int64_t>(4096, hi - b));
+      parts[c] = acc;
+    }
+  });
+  double total = 0.0;
+  for (double x : parts) total += x;
+  return total;
+}
+
+double sum_squares(torch::Tensor g) {
+  check(g, "grad", g.scalar_type());
+  if (g.scalar_type() == torch::kBFloat16) return sum_squares_impl(ptr<uint16_t>(g), g.numel());
+  TORCH_CHECK(g.scalar_type() == torch::kFloat, "sum_squares: bf16 or fp32 expected");
+  return sum_squares_impl(ptr<float>(g), g.numel());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -443,4 +549,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qk_norm_rope_bwd", &qk_norm_rope_bwd);
   m.def("swiglu_gate_fwd", &swiglu_gate_fwd);
   m.def("swiglu_gate_bwd", &swiglu_gate_bwd);
+  m.def("adamw_step", &adamw_step);
+  m.def("sum_squares", &sum_squares);
 }

@@ -1,7 +1,12 @@
+import numpy as np
+import pytest
 import torch
 from torch import nn
 
+from ernie5.kernels import kernels
 from train.precision import MixedPrecision
+
+needs_kernels = pytest.mark.skipif(kernels() is None, reason="fused CPU kernels did not build here")
 
 
 def _net():
@@ -33,15 +38,73 @@ def test_bf16_accumulation_sums_micro_batches_and_reuses_buffers():
     assert all(g is None for g in fresh)
 
 
-def test_sync_copies_master_into_replica():
+def test_sync_copies_master_buffers_into_replica():
+    master = _net()
+    master.register_buffer("bias_E", torch.zeros(3))
+    mp = MixedPrecision(master, "bf16")
+    master.bias_E.add_(0.25)
+    mp.sync()
+    assert torch.equal(mp.compute.bias_E, master.bias_E.bfloat16())
+
+
+def _groups(model):
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    rest = [p for p in model.parameters() if p.dim() <= 1]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+
+
+def _train(monkeypatch, kernels_setting, max_norm, steps=3, micro_batches=1):
+    monkeypatch.setenv("ERNIE5_KERNELS", kernels_setting)
+    master = nn.Sequential(_net(), nn.Linear(4, 4))  # the last layer gets no gradient
+    mp = MixedPrecision(master, "bf16")
+    opt = torch.optim.AdamW(_groups(master), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    torch.manual_seed(1)
+    norms = []
+    for _ in range(steps):
+        for _ in range(micro_batches):
+            mp.compute[0](torch.randn(6, 8).bfloat16()).float().square().sum().backward()
+            mp.accumulate_grads(only_micro_batch=micro_batches == 1)
+        norms.append(mp.step(opt, max_norm))
+        opt.zero_grad(set_to_none=True)
+        mp.sync()
+    return master, mp, opt, norms
+
+
+@needs_kernels
+@pytest.mark.parametrize("max_norm", [0.0, 0.5, 1e3])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_fused_step_matches_clip_and_step(monkeypatch, max_norm, micro_batches):
+    ref_master, ref_mp, ref_opt, ref_norms = _train(monkeypatch, "off", max_norm, micro_batches=micro_batches)
+    master, mp, opt, norms = _train(monkeypatch, "auto", max_norm, micro_batches=micro_batches)
+    np.testing.assert_allclose(norms, ref_norms, rtol=1e-5)
+    for (name, p), q in zip(master.named_parameters(), ref_master.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+    for c, p in zip(mp.compute.parameters(), master.parameters()):
+        assert torch.equal(c, p.bfloat16())  # the replica is the rounded master
+    untouched = master[1].weight
+    assert untouched not in opt.state and torch.equal(untouched, ref_master[1].weight)
+    # The moments are the optimizer's own state, as torch.optim.AdamW keeps it (checkpoints).
+    ref_state, state = ref_opt.state_dict()["state"], opt.state_dict()["state"]
+    assert ref_state.keys() == state.keys()
+    for i in state:
+        assert state[i].keys() == ref_state[i].keys()
+        for key, value in state[i].items():
+            assert value.dtype == ref_state[i][key].dtype and value.shape == ref_state[i][key].shape
+            torch.testing.assert_close(value, ref_state[i][key], atol=1e-6, rtol=1e-4)
+
+
+@needs_kernels
+def test_fused_step_reads_the_replica_gradient_of_a_single_micro_batch(monkeypatch):
+    monkeypatch.setenv("ERNIE5_KERNELS", "auto")
     master = _net()
     mp = MixedPrecision(master, "bf16")
-    with torch.no_grad():
-        for p in master.parameters():
-            p.add_(1.0)
-    mp.sync()
-    for m, c in zip(master.parameters(), mp.compute.parameters()):
-        assert c.dtype == torch.bfloat16 and torch.equal(c, m.bfloat16())
+    mp.compute(torch.randn(3, 8).bfloat16()).sum().backward()
+    mp.accumulate_grads(only_micro_batch=True)
+    assert all(m.grad is None for m in master.parameters())
+    assert all(c.grad is not None for c in mp.compute.parameters())
+    opt = torch.optim.AdamW(master.parameters(), lr=1e-3, fused=True)
+    mp.step(opt, 1.0)
+    assert all(c.grad is None for c in mp.compute.parameters()) and len(opt.state) == 4
 
 
 def test_fp32_is_a_no_op_pair():
