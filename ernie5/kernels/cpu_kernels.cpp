@@ -540,6 +540,190 @@ double sum_squares(torch::Tensor g) {
   return sum_squares_impl(ptr<float>(g), g.numel());
 }
 
+// ------------------------------------------------------------- MoE router: scores and top-k
+//
+// logits (N, E) fp32 -> scores (softmax over the available experts, or sigmoid), selection
+// scores + bias (unavailable experts never selected), top-k by repeated argmax (ties: lowest
+// index), gates = selected scores, renormalised to sum to one (norm) and scaled. Also the routed
+// pairs per expert. The backward recomputes the scores from the logits.
+
+inline void row_scores(const float* l, const bool* mask, bool sigmoid, float* p, int64_t e) {
+  if (sigmoid) {
+#pragma omp simd
+    for (int64_t j = 0; j < e; ++j) p[j] = 1.f / (1.f + exp_f(-l[j]));
+    if (mask)
+      for (int64_t j = 0; j < e; ++j) p[j] = mask[j] ? p[j] : 0.f;
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < e; ++j)
+    if (!mask || mask[j]) mx = std::max(mx, l[j]);
+  float sum = 0.f;
+  for (int64_t j = 0; j < e; ++j) {
+    float v = (!mask || mask[j]) ? exp_f(l[j] - mx) : 0.f;
+    p[j] = v;
+    sum += v;
+  }
+  float inv = 1.f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < e; ++j) p[j] *= inv;
+}
+
+std::vector<torch::Tensor> route_topk_fwd(torch::Tensor logits, torch::Tensor bias, torch::Tensor mask, int64_t k,
+                                          bool sigmoid, bool norm, double scale) {
+  check(logits, "logits", torch::kFloat);
+  check(bias, "router bias", torch::kFloat);
+  int64_t n = logits.size(0), e = logits.size(1);
+  TORCH_CHECK(bias.numel() == e && k >= 1 && k <= e, "route_topk_fwd: bad shapes");
+  const bool* mk = nullptr;
+  if (mask.numel() > 0) {
+    check(mask, "expert mask", torch::kBool);
+    mk = mask.data_ptr<bool>();
+  }
+  auto ids = torch::empty({n, k}, logits.options().dtype(torch::kLong));
+  auto gates = torch::empty({n, k}, logits.options());
+  int64_t nthreads = at::get_num_threads();
+  auto hist = torch::zeros({nthreads, e}, logits.options().dtype(torch::kLong));
+  const float* lg = ptr<float>(logits);
+  const float* bs = ptr<float>(bias);
+  int64_t* id = ptr<int64_t>(ids);
+  float* gt = ptr<float>(gates);
+  int64_t* hs = ptr<int64_t>(hist);
+  int64_t chunk = (n + nthreads - 1) / nthreads;
+  at::parallel_for(0, nthreads, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> p(e), sel(e);
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t* h = hs + c * e;
+      for (int64_t r = c * chunk; r < std::min(n, (c + 1) * chunk); ++r) {
+        row_scores(lg + r * e, mk, sigmoid, p.data(), e);
+        for (int64_t j = 0; j < e; ++j) sel[j] = (!mk || mk[j]) ? p[j] + bs[j] : -INFINITY;
+        float total = 0.f;
+        for (int64_t a = 0; a < k; ++a) {
+          int64_t best = 0;
+          for (int64_t j = 1; j < e; ++j)
+            if (sel[j] > sel[best]) best = j;
+          sel[best] = -INFINITY;
+          id[r * k + a] = best;
+          gt[r * k + a] = p[best];
+          total += p[best];
+          h[best] += 1;
+        }
+        float f = static_cast<float>(scale) / (norm ? std::max(total, 1e-12f) : 1.f);
+        for (int64_t a = 0; a < k; ++a) gt[r * k + a] *= f;
+      }
+    }
+  });
+  return {ids, gates, hist.sum(0)};
+}
+
+torch::Tensor route_topk_bwd(torch::Tensor logits, torch::Tensor mask, torch::Tensor ids, torch::Tensor dgates,
+                             bool sigmoid, bool norm, double scale) {
+  check(logits, "logits", torch::kFloat);
+  check(ids, "ids", torch::kLong);
+  check(dgates, "grad gates", torch::kFloat);
+  int64_t n = logits.size(0), e = logits.size(1), k = ids.size(1);
+  const bool* mk = mask.numel() > 0 ? mask.data_ptr<bool>() : nullptr;
+  auto dl = torch::zeros_like(logits);
+  const float* lg = ptr<float>(logits);
+  const int64_t* id = ptr<int64_t>(ids);
+  const float* dg = ptr<float>(dgates);
+  float* out = ptr<float>(dl);
+  float sc = static_cast<float>(scale);
+  at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
+    std::vector<float> p(e), raw(k), draw(k);
+    for (int64_t r = r0; r < r1; ++r) {
+      row_scores(lg + r * e, mk, sigmoid, p.data(), e);
+      float total = 0.f, dot = 0.f;
+      for (int64_t a = 0; a < k; ++a) {
+        raw[a] = p[id[r * k + a]];
+        total += raw[a];
+        dot += dg[r * k + a] * raw[a];
+      }
+      float s = norm ? std::max(total, 1e-12f) : 1.f;
+      for (int64_t a = 0; a < k; ++a)
+        draw[a] = norm ? sc * (dg[r * k + a] / s - dot / (s * s)) : sc * dg[r * k + a];
+      float* o = out + r * e;
+      if (sigmoid) {
+        for (int64_t a = 0; a < k; ++a) {
+          float sv = p[id[r * k + a]];
+          o[id[r * k + a]] += draw[a] * sv * (1.f - sv);
+        }
+      } else {
+        float c = 0.f;
+        for (int64_t a = 0; a < k; ++a) c += raw[a] * draw[a];
+        for (int64_t j = 0; j < e; ++j) o[j] = -p[j] * c;
+        for (int64_t a = 0; a < k; ++a) o[id[r * k + a]] += raw[a] * draw[a];
+      }
+    }
+  });
+  return dl;
+}
+
+// ------------------------------------------------------- MoE dispatch into padded levels
+//
+// The index arithmetic of ernie5.model.moe.plan_dispatch: pairs (token, slot) sorted by expert
+// (stable: in pair order within an expert) and laid out into levels; level j holds ranks
+// [T_{j-1}, T_j) of every expert (all_experts) or of the experts with more than T_{j-1} pairs
+// (ascending ids), padded with the lowest idle ones up to n_rows. Pad slots point at token
+// n_tokens (a zero row) and pair n_pairs (a zero gate).
+
+std::vector<torch::Tensor> dispatch_levels(torch::Tensor expert_ids, torch::Tensor counts, int64_t n_tokens,
+                                           std::vector<int64_t> his, std::vector<int64_t> rows_per_level,
+                                           std::vector<bool> all_experts) {
+  check(expert_ids, "expert ids", torch::kLong);
+  check(counts, "counts", torch::kLong);
+  int64_t n_pairs = expert_ids.numel(), e = counts.numel(), n_levels = his.size();
+  int64_t a = n_pairs / std::max<int64_t>(n_tokens, 1);
+  const int64_t* ids = ptr<int64_t>(expert_ids);
+  const int64_t* cnt = ptr<int64_t>(counts);
+  std::vector<torch::Tensor> out;
+  std::vector<int64_t*> tok(n_levels), pair(n_levels);
+  std::vector<std::vector<int64_t>> local(n_levels, std::vector<int64_t>(e, -1));
+  std::vector<int64_t> caps(n_levels);
+  int64_t lo = 0;
+  for (int64_t l = 0; l < n_levels; ++l) {
+    caps[l] = his[l] - lo;
+    int64_t rows = rows_per_level[l];
+    torch::Tensor experts = torch::empty({0}, counts.options());
+    if (all_experts[l]) {
+      for (int64_t j = 0; j < e; ++j) local[l][j] = j;
+    } else {
+      std::vector<int64_t> list;
+      for (int64_t j = 0; j < e; ++j)
+        if (cnt[j] > lo) list.push_back(j);
+      for (int64_t j = 0; j < e && static_cast<int64_t>(list.size()) < rows; ++j)
+        if (cnt[j] <= lo) list.push_back(j);
+      TORCH_CHECK(static_cast<int64_t>(list.size()) == rows, "dispatch_levels: level rows do not match counts");
+      experts = torch::empty({rows}, counts.options());
+      for (int64_t i = 0; i < rows; ++i) {
+        experts.data_ptr<int64_t>()[i] = list[i];
+        local[l][list[i]] = i;
+      }
+    }
+    auto t = torch::full({rows * caps[l]}, n_tokens, counts.options());
+    auto pr = torch::full({rows * caps[l]}, n_pairs, counts.options());
+    tok[l] = t.data_ptr<int64_t>();
+    pair[l] = pr.data_ptr<int64_t>();
+    out.push_back(experts);
+    out.push_back(t);
+    out.push_back(pr);
+    lo = his[l];
+  }
+  std::vector<int64_t> rank(e, 0);
+  std::vector<int64_t> starts(n_levels);
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    int64_t ex = ids[p];
+    int64_t r = rank[ex]++;
+    int64_t l = 0, base = 0;
+    while (l < n_levels && r >= his[l]) base = his[l++];
+    TORCH_CHECK(l < n_levels, "dispatch_levels: levels do not cover expert ", ex);
+    int64_t slot = local[l][ex] * caps[l] + (r - base);
+    tok[l][slot] = p / a;
+    pair[l][slot] = p;
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -551,4 +735,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("swiglu_gate_bwd", &swiglu_gate_bwd);
   m.def("adamw_step", &adamw_step);
   m.def("sum_squares", &sum_squares);
+  m.def("route_topk_fwd", &route_topk_fwd);
+  m.def("route_topk_bwd", &route_topk_bwd);
+  m.def("dispatch_levels", &dispatch_levels);
 }

@@ -85,3 +85,41 @@ def qk_norm_rope(
     ``(B, K, T, Dh)``, RMS-normalising q and k heads (weights ``None`` = no QK-norm) and rotating
     them by the half-split RoPE tables ``(B, T, Dh/2)``."""
     return _QKNormRoPE.apply(qkv_BTND, q_weight, k_weight, cos_BTP, sin_BTP, n_heads, n_kv_heads, eps)
+
+
+class _RouteTopK(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, bias, mask, k, sigmoid, norm, scale):  # noqa: D102
+        logits = logits.contiguous()
+        mask_t = mask.contiguous() if mask is not None else torch.empty(0, dtype=torch.bool)
+        ids, gates, counts = kernels().route_topk_fwd(
+            logits, bias.float().contiguous(), mask_t, k, sigmoid, norm, scale
+        )
+        ctx.save_for_backward(logits, mask_t, ids)
+        ctx.flags = (sigmoid, norm, scale)
+        ctx.mark_non_differentiable(ids, counts)
+        return ids, gates, counts
+
+    @staticmethod
+    def backward(ctx, _d_ids, d_gates, _d_counts):  # noqa: D102
+        logits, mask_t, ids = ctx.saved_tensors
+        d_logits = kernels().route_topk_bwd(logits, mask_t, ids, d_gates.float().contiguous(), *ctx.flags)
+        return d_logits, None, None, None, None, None, None
+
+
+def route_topk(
+    logits_NE: torch.Tensor,
+    bias_E: torch.Tensor,
+    mask_E: torch.Tensor | None,
+    k: int,
+    sigmoid: bool,
+    norm: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Router scores, biased top-k selection and gates in one pass over fp32 ``logits (N, E)``.
+
+    Returns ``(expert_ids (N, k) int64, gates (N, k) fp32, counts (E,) int64)``; only the gates
+    carry a gradient (to the logits). Unavailable experts (``mask_E`` False) are never selected
+    and get no softmax mass; ties in the selection go to the lower expert index.
+    """
+    return _RouteTopK.apply(logits_NE, bias_E, mask_E, k, sigmoid, norm, scale)

@@ -104,7 +104,20 @@ def route(
     seq_len: int,
 ) -> RouterOutput:
     """Token-choice top-k routing. ``seq_len`` groups rows into sequences for the balance loss."""
-    logits_NE = F.linear(x_ND.float(), weight_ED.float())
+    with torch.autocast(x_ND.device.type, enabled=False):  # fp32 logits under autocast too
+        logits_NE = F.linear(x_ND.float(), weight_ED.float())
+    needs_scores = torch.is_grad_enabled() and (cfg.aux_loss_coef > 0 or cfg.z_loss_coef > 0)
+    if not needs_scores and ops.fusable(logits_NE):  # steps 2-3 and the counts in one pass
+        ids, gates, counts = ops.route_topk(
+            logits_NE,
+            bias_E,
+            expert_mask_E,
+            top_k,
+            cfg.score_func == "sigmoid",
+            cfg.norm_topk,
+            cfg.route_scale,
+        )
+        return RouterOutput(ids, gates, counts, None, None)
     n_avail = int(expert_mask_E.sum()) if expert_mask_E is not None else logits_NE.shape[-1]
     if cfg.score_func == "softmax":
         if expert_mask_E is not None:
@@ -241,8 +254,35 @@ class _Level:
 def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
     """Sort (token, slot) pairs by expert into the padded levels of :func:`plan_levels`.
 
-    Pure index arithmetic, no autograd.
+    Pure index arithmetic, no autograd; one pass of the fused CPU kernel where available.
     """
+    counts = r.counts_E.tolist()
+    n_exp = len(counts)
+    plan = plan_levels(counts)
+    rows, lo = [], 0
+    for hi, all_experts in plan:
+        rows.append(n_exp if all_experts else min(_round_experts(sum(c > lo for c in counts)), n_exp))
+        lo = hi
+    flat_ids = r.expert_ids_NA.reshape(-1)
+    if ops.fusable(r.gates_NA):
+        out = kernels().dispatch_levels(
+            flat_ids.contiguous(),
+            r.counts_E.contiguous(),
+            n_tokens,
+            [h for h, _ in plan],
+            rows,
+            [f for _, f in plan],
+        )
+        los = [0] + [h for h, _ in plan[:-1]]
+        return [
+            _Level(None if f else out[3 * i], h - lo, out[3 * i + 1], out[3 * i + 2])
+            for i, ((h, f), lo) in enumerate(zip(plan, los))
+        ]
+    return _dispatch_eager(r, n_tokens, plan)
+
+
+def _dispatch_eager(r: RouterOutput, n_tokens: int, plan: list[tuple[int, bool]]) -> list[_Level]:
+    """:func:`plan_dispatch` in PyTorch ops (the reference of the fused kernel)."""
     a = r.expert_ids_NA.shape[1]
     device = r.expert_ids_NA.device
     flat_ids = r.expert_ids_NA.reshape(-1)
@@ -255,7 +295,7 @@ def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
 
     levels = []
     lo = 0
-    for hi, all_experts in plan_levels(r.counts_E.tolist()):
+    for hi, all_experts in plan:
         cap = hi - lo
         mask = (rank_P >= lo) & (rank_P < hi)
         e_local = expert_P[mask]
