@@ -40,30 +40,56 @@ def _compiled_flex():
 
 
 FP32_TRAIN_ATTN_MAX_KEYS = 512
-"""On CPU, bf16 attention that will be differentiated runs in fp32 up to this many keys."""
+"""On CPU, bf16 attention that will be differentiated runs its backward in fp32 up to this many keys."""
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class _BF16FlashFP32Backward(torch.autograd.Function):
+    """CPU flash attention: bf16 forward, fp32 backward.
+
+    PyTorch's CPU flash attention is faster in bf16 than in fp32 forward, but its backward is
+    slower in bf16 at short sequences with head_dim 32 (nano shape, B=8 x T=256, per layer:
+    forward 1.4 ms bf16 vs 2.6 ms fp32; backward 11.8 vs 5.9 ms). So the forward runs in bf16
+    (saving the log-sum-exp) and the backward recomputes in fp32 from the exactly upcast bf16
+    inputs and the bf16 output.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, is_causal):  # noqa: D102
+        bias = None
+        if mask is not None:  # the op takes an additive mask
+            bias = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+        o, lse = _flash(q, k, v, 0.0, is_causal, attn_mask=bias)
+        ctx.save_for_backward(q, k, v, o, lse, bias)
+        ctx.is_causal = is_causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: D102
+        q, k, v, o, lse, bias = ctx.saved_tensors
+        f = [t.float() for t in (do, q, k, v, o)]
+        bias32 = bias.float() if bias is not None else None
+        dq, dk, dv = _flash_backward(*f, lse, 0.0, ctx.is_causal, attn_mask=bias32)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def _sdpa(q_BHTD, k_BKTD, v_BKTD, mask: AttnMask) -> torch.Tensor:
-    """SDPA, upcasting short bf16 training attention to fp32 on CPU.
-
-    PyTorch's CPU flash-attention backward is slower in bf16 than in fp32 at short sequences
-    with head_dim 32 (nano shape, B=8 x T=256, forward+backward: 13.5 ms bf16 vs 9.0 ms fp32
-    including the casts; T=512: 5.1 vs 4.0 ms); from T=1024 on bf16 wins (35 vs 41 ms). The
-    upcast is exact in the inputs (bf16 -> fp32) and rounds the output back to bf16.
-    """
-    upcast = (
+    """SDPA; short bf16 training attention on CPU runs :class:`_BF16FlashFP32Backward`."""
+    if (
         q_BHTD.dtype == torch.bfloat16
         and q_BHTD.device.type == "cpu"
         and torch.is_grad_enabled()
-        and q_BHTD.requires_grad
+        and (q_BHTD.requires_grad or k_BKTD.requires_grad or v_BKTD.requires_grad)
         and k_BKTD.shape[2] <= FP32_TRAIN_ATTN_MAX_KEYS
-    )
-    if upcast:
-        q_BHTD, k_BKTD, v_BKTD = q_BHTD.float(), k_BKTD.float(), v_BKTD.float()
-    o_BHTD = F.scaled_dot_product_attention(
+    ):
+        mask_B1TS = mask.dense_B1TS
+        causal = mask.is_causal
+        return _BF16FlashFP32Backward.apply(q_BHTD, k_BKTD, v_BKTD, mask_B1TS, causal)
+    return F.scaled_dot_product_attention(
         q_BHTD, k_BKTD, v_BKTD, attn_mask=mask.dense_B1TS, is_causal=mask.is_causal, enable_gqa=True
     )
-    return o_BHTD.to(torch.bfloat16) if upcast else o_BHTD
 
 
 class Attention(nn.Module):

@@ -158,7 +158,9 @@ def test_rope_preserves_norm():
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_short_bf16_training_attention_upcasts_and_matches_fp32(causal):
+def test_short_bf16_training_attention_runs_a_bf16_forward_and_an_fp32_backward(causal):
+    import torch.nn.functional as F
+
     from ernie5.model.attention import FP32_TRAIN_ATTN_MAX_KEYS, _sdpa
     from ernie5.model.mask import AttnMask
 
@@ -178,13 +180,20 @@ def test_short_bf16_training_attention_upcasts_and_matches_fp32(causal):
     mask = AttnMask(dense_B1TS=dense, is_causal=causal)
     ref = _sdpa(q, k, v, mask)
     qb, kb, vb = (t.bfloat16().requires_grad_() for t in (q, k, v))
+    do = torch.randn(2, 4, 16, 8)
     out = _sdpa(qb, kb, vb, mask)
-    out.float().sum().backward()
+    out.backward(do.bfloat16())
     assert out.dtype == torch.bfloat16 and qb.grad.dtype == torch.bfloat16
-    # the upcast path equals fp32 attention on the bf16-rounded inputs, rounded once
-    exact = _sdpa(qb.detach().float(), kb.detach().float(), vb.detach().float(), mask).bfloat16()
-    assert torch.equal(out.detach(), exact)
+    # The forward is bf16 attention on the bf16 inputs.
+    with torch.no_grad():
+        bf16 = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=dense, is_causal=causal, enable_gqa=True)
+    torch.testing.assert_close(out.detach().float(), bf16.float(), atol=2e-2, rtol=2e-2)
     assert torch.allclose(out.float(), ref, atol=5e-2)
+    # The backward is fp32 attention's gradient at the bf16-rounded inputs, rounded once.
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (qb, kb, vb))
+    _sdpa(q32, k32, v32, mask).backward(do.bfloat16().float())
+    for got, exp in ((qb, q32), (kb, k32), (vb, v32)):
+        torch.testing.assert_close(got.grad.float(), exp.grad, atol=3e-2, rtol=3e-2)
     assert k.shape[2] <= FP32_TRAIN_ATTN_MAX_KEYS
 
 
