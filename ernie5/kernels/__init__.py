@@ -3,10 +3,13 @@
 Eager PyTorch runs a chain like RMSNorm as half a dozen elementwise ops, each streaming the whole
 activation through memory. ``cpu_kernels.cpp`` does each chain in one pass (fp32 math, bf16 or
 fp32 storage): RMSNorm, the attention prologue (split of the packed q/k/v projection, QK-norm,
-RoPE, heads-first layout) and the gated SwiGLU activation of the batched MoE experts, each with
-its backward. Measured here at the nano shape in bf16 (forward + backward): RMSNorm over
-``(8, 256, 256)`` 1.6 -> 0.3 ms, the attention prologue 3.7 -> 1.0 ms, the MoE activation
-~2.7 -> 1.1 ms per layer; a whole training step 566 -> 461 ms (``ernie5 bench train``).
+RoPE, heads-first layout), the MoE router (scores, biased top-k, gates, counts), the dispatch
+into padded levels and the gated SwiGLU activation of the batched experts, each with its
+backward where it has one, and the mixed-precision AdamW step (``train.precision``). Measured
+here at the nano shape in bf16 (forward + backward): RMSNorm over ``(8, 256, 256)`` 1.6 -> 0.3
+ms, the attention prologue 3.7 -> 1.0 ms, the MoE activation ~2.7 -> 1.1 ms per layer, the
+optimizer phase of a step 154 -> 80 ms; a whole training step 548 -> 379 ms (``ernie5 bench
+train``).
 
 The extension is built with ``torch.utils.cpp_extension`` the first time a process needs it
 (about 20 s, then cached in ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,

@@ -5,8 +5,9 @@ the router sees only the hidden state, and no modality id enters routing anywher
 shared experts run on every token.
 
 Steps of one forward (token-choice, dropless):
-  1. ``logits = x @ W_router^T`` in fp32; experts excluded by the subnet get ``-inf`` (softmax) or a
-     zero score (sigmoid) *before* anything else, so the weights renormalise over what is left.
+  1. ``logits = x @ W_router^T`` in fp32 (under autocast too); experts excluded by the subnet get
+     ``-inf`` (softmax) or a zero score (sigmoid) *before* anything else, so the weights
+     renormalise over what is left.
   2. Scores are softmax or sigmoid of the logits. Selection uses ``scores + bias``, where ``bias`` is
      the aux-free balancing buffer; the gate values use the un-biased scores.
   3. Top-k on the selection scores; gates are the selected scores, renormalised to sum to one
@@ -15,6 +16,9 @@ Steps of one forward (token-choice, dropless):
   5. Routing statistics (tokens per expert) and optional balance / z losses are returned with the
      output; the layer logs nothing and never updates its own bias (the trainer calls
      :func:`update_router_bias`).
+On CPU, steps 2-3 with the counts, the dispatch into padded levels and the SwiGLU activation
+each run as one fused kernel (:mod:`ernie5.kernels`; the eager code below is the fallback and
+the parity reference); runs with a balance or z loss keep the eager router, which they need.
 
 Expert compute paths (identical semantics, chosen by ``dispatch``):
   * ``loop``: the naive reference, one SwiGLU call per expert on the rows routed to it.
