@@ -29,6 +29,7 @@ import hashlib
 import os
 import platform
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -70,10 +71,17 @@ def _build() -> ModuleType:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError:
             pass  # torch reports that ninja is missing
-    from torch.utils.cpp_extension import load
+    from torch.utils import cpp_extension
 
-    return load(
-        name=_build_name(),
+    name = _build_name()
+    try:  # say so when this is the (slow) first build rather than a load from the cache
+        cached = any(Path(cpp_extension._get_build_directory(name, False)).glob("*.so"))
+    except Exception:  # noqa: BLE001 - a private helper; the notice is only a courtesy
+        cached = True
+    if not cached:
+        print("ernie5: building the fused CPU kernels (once per machine, about 20 s)", file=sys.stderr)
+    return cpp_extension.load(
+        name=name,
         sources=[str(_SOURCE)],
         extra_cflags=["-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"],
         extra_ldflags=["-fopenmp"],

@@ -240,3 +240,16 @@ def test_dispatch_levels_matches_eager(skew):
         assert torch.equal(f.tok_EC, g.tok_EC) and torch.equal(f.pair_EC, g.pair_EC)
     if skew == 3.0:
         assert any(f.experts is not None for f in fused)  # a subset level was exercised
+
+
+@pytest.mark.skipif(__import__("shutil").which("c++") is None, reason="no C++ compiler")
+def test_a_first_build_says_so_and_a_cached_one_does_not(monkeypatch, capsys, tmp_path):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: "module")
+    assert kernels_pkg._build() == "module"
+    assert "building the fused CPU kernels" in capsys.readouterr().err
+    (tmp_path / "ext.so").write_bytes(b"")
+    kernels_pkg._build()
+    assert capsys.readouterr().err == ""
