@@ -25,6 +25,7 @@ reference the parity tests compare against.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -35,6 +36,8 @@ from pathlib import Path
 from types import ModuleType
 
 _SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+FAILED_MARKER = "build_failed.txt"
+"""Written into the build folder when a build fails, so later processes fall back at once."""
 _STATE: dict[str, object] = {}
 
 
@@ -74,19 +77,27 @@ def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
     name = _build_name()
-    try:  # say so when this is the (slow) first build rather than a load from the cache
-        cached = any(Path(cpp_extension._get_build_directory(name, False)).glob("*.so"))
-    except Exception:  # noqa: BLE001 - a private helper; the notice is only a courtesy
-        cached = True
-    if not cached:
+    build_dir = Path(cpp_extension._get_build_directory(name, False))
+    failed = build_dir / FAILED_MARKER
+    if failed.exists():  # this source already failed to build here: don't pay for it in every process
+        reason = failed.read_text(encoding="utf-8").strip()
+        raise RuntimeError(f"an earlier build failed ({reason}); delete {failed} to retry")
+    if not any(build_dir.glob("*.so")):  # the slow first build, rather than a load from the cache
         print("ernie5: building the fused CPU kernels (once per machine, about 20 s)", file=sys.stderr)
-    return cpp_extension.load(
-        name=name,
-        sources=[str(_SOURCE)],
-        extra_cflags=["-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+    try:
+        return cpp_extension.load(
+            name=name,
+            sources=[str(_SOURCE)],
+            build_directory=str(build_dir),
+            extra_cflags=["-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        with contextlib.suppress(OSError):
+            failed.write_text(f"{type(exc).__name__}: {first}\n", encoding="utf-8")
+        raise
 
 
 def kernels() -> ModuleType | None:

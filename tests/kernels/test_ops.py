@@ -253,3 +253,23 @@ def test_a_first_build_says_so_and_a_cached_one_does_not(monkeypatch, capsys, tm
     (tmp_path / "ext.so").write_bytes(b"")
     kernels_pkg._build()
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(__import__("shutil").which("c++") is None, reason="no C++ compiler")
+def test_a_failed_build_is_not_retried_by_every_process(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    calls = []
+
+    def broken(**kw):
+        calls.append(kw["name"])
+        raise RuntimeError("Error building extension: Python.h: No such file or directory")
+
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    with pytest.raises(RuntimeError, match="Python.h"):
+        kernels_pkg._build()
+    assert (tmp_path / kernels_pkg.FAILED_MARKER).exists()
+    with pytest.raises(RuntimeError, match="an earlier build failed .*Python.h.* to retry"):
+        kernels_pkg._build()
+    assert len(calls) == 1
