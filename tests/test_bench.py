@@ -8,7 +8,7 @@ import pytest
 def test_bench_moe_reports_both_ratios_per_dtype():
     from ernie5.bench.moe import bench_moe
 
-    out = bench_moe(tokens=256, repeats=1, loop_repeats=1)
+    out = bench_moe(tokens=256, repeats=1, loop_repeats=1, settle_steps=5)
     for dtype in ("bf16", "bf16_autocast", "fp32"):
         d = out[dtype]
         assert d["moe_ms"] > 0 and d["dense_ms"] > 0 and d["loop_ms"] > 0
@@ -17,6 +17,9 @@ def test_bench_moe_reports_both_ratios_per_dtype():
         # The ceilings: GEMMs alone, then GEMMs plus the dense chain's own activation cost.
         assert d["dense_equiv_ratio_gemm_only"] == pytest.approx(d["dense_ms"] / d["gemm_only_ms"])
         assert d["dense_equiv_ratio_ceiling"] <= d["dense_equiv_ratio_gemm_only"] + 1e-9
+        # The same layer once the aux-free bias has moved (training's steady state).
+        assert d["dense_equiv_ratio_settled"] == pytest.approx(d["dense_ms"] / d["moe_ms_settled"])
+        assert d["load_max_over_mean_settled"] >= 1.0 and d["load_max_over_mean"] >= 1.0
     assert out["matmul_peak_gflops"]["bf16"] > 0
 
 
