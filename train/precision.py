@@ -89,6 +89,7 @@ class MixedPrecision:
         weights (its buffers are refreshed by :meth:`sync`). Returns the pre-clip norm (NaN when
         clipping is off). The caller then zeroes the master gradients as usual."""
         if not self._fusable(optimizer):
+            self.accumulate_grads()  # gradients left on the replica for a fused step that cannot run
             norm = clip_and_step(optimizer, self._m_params, max_norm)
             if self.bf16:
                 torch._foreach_copy_(self._c_params, self._m_params)

@@ -115,3 +115,21 @@ def test_fp32_is_a_no_op_pair():
     grads = [p.grad.clone() for p in master.parameters()]
     mp.accumulate_grads()
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, master.parameters()))
+
+
+@needs_kernels
+def test_replica_gradients_reach_an_optimizer_the_fused_step_cannot_take(monkeypatch):
+    """A single micro-batch leaves its gradients on the replica; a non-fused AdamW still gets them."""
+    monkeypatch.setenv("ERNIE5_KERNELS", "auto")
+    master = _net()
+    before = [p.detach().clone() for p in master.parameters()]
+    mp = MixedPrecision(master, "bf16")
+    mp.compute(torch.randn(3, 8).bfloat16()).square().sum().backward()
+    mp.accumulate_grads(only_micro_batch=True)
+    opt = torch.optim.AdamW(master.parameters(), lr=1e-2, fused=False)
+    assert not mp._fusable(opt)
+    norm = mp.step(opt, 1.0)
+    assert norm > 0 and len(opt.state) == 4
+    assert all(not torch.equal(p, b) for p, b in zip(master.parameters(), before))
+    for c, m in zip(mp.compute.parameters(), master.parameters()):
+        assert c.grad is None and torch.equal(c, m.bfloat16())
