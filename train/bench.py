@@ -152,7 +152,7 @@ def _time_step(
 
     ``phases``, if given, receives every step's seconds in ``forward``, ``backward`` (each summed
     over the step's ``grad_accum`` micro-batches) and ``optimizer`` (gradient accumulation into the
-    fp32 master, clipped fused AdamW step, bias update, replica sync).
+    fp32 master, ``MixedPrecision.step``, bias update, buffer sync).
     """
     laps = phases if phases is not None else {}
     torch.manual_seed(0)

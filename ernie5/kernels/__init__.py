@@ -94,10 +94,15 @@ def _build() -> ModuleType:
             verbose=False,
         )
     except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         with contextlib.suppress(OSError):
-            failed.write_text(f"{type(exc).__name__}: {first}\n", encoding="utf-8")
+            failed.write_text(_why(exc) + "\n", encoding="utf-8")
         raise
+
+
+def _why(exc: BaseException) -> str:
+    """``Type: first line of the message``."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def kernels() -> ModuleType | None:
@@ -115,7 +120,7 @@ def kernels() -> ModuleType | None:
                     f"ERNIE5_KERNELS=on but the fused CPU kernels did not build: {exc}"
                 ) from exc
             _STATE["module"] = None
-            _STATE["status"] = f"eager ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            _STATE["status"] = f"eager ({_why(exc)})"
             warnings.warn(
                 f"fused CPU kernels unavailable, using eager PyTorch: {_STATE['status']}", stacklevel=2
             )

@@ -67,8 +67,10 @@ class _QKNormRoPE(torch.autograd.Function):
         grads = [g.contiguous() if g is not None else qkv.new_zeros(s) for g, s in zip((dq, dk, dv), shapes)]
         dqkv, dqw, dkw = kernels().qk_norm_rope_bwd(qkv, qw, kw, cos, sin, rstd, *grads)
         if not ctx.has_norm:
-            return dqkv, None, None, None, None, None, None, None
-        return dqkv, dqw.to(qw.dtype), dkw.to(kw.dtype), None, None, None, None, None
+            dqw = dkw = None
+        else:
+            dqw, dkw = dqw.to(qw.dtype), dkw.to(kw.dtype)
+        return dqkv, dqw, dkw, None, None, None, None, None
 
 
 def qk_norm_rope(

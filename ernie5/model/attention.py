@@ -57,22 +57,20 @@ class _BF16FlashFP32Backward(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, is_causal):  # noqa: D102
-        bias = None
-        if mask is not None:  # the op takes an additive mask
-            bias = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-        o, lse = _flash(q, k, v, 0.0, is_causal, attn_mask=bias)
-        ctx.save_for_backward(q, k, v, o, lse, bias)
-        ctx.is_causal = is_causal
+    def forward(ctx, q, k, v, mask: AttnMask):  # noqa: D102
+        o, lse = _flash(q, k, v, 0.0, mask.is_causal, attn_mask=mask.additive_B1TS(q.dtype))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mask = mask
         return o
 
     @staticmethod
     def backward(ctx, do):  # noqa: D102
-        q, k, v, o, lse, bias = ctx.saved_tensors
+        q, k, v, o, lse = ctx.saved_tensors
+        mask = ctx.mask
         f = [t.float() for t in (do, q, k, v, o)]
-        bias32 = bias.float() if bias is not None else None
-        dq, dk, dv = _flash_backward(*f, lse, 0.0, ctx.is_causal, attn_mask=bias32)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        bias = mask.additive_B1TS(torch.float32)
+        dq, dk, dv = _flash_backward(*f, lse, 0.0, mask.is_causal, attn_mask=bias)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
 def _sdpa(q_BHTD, k_BKTD, v_BKTD, mask: AttnMask) -> torch.Tensor:
@@ -84,9 +82,7 @@ def _sdpa(q_BHTD, k_BKTD, v_BKTD, mask: AttnMask) -> torch.Tensor:
         and (q_BHTD.requires_grad or k_BKTD.requires_grad or v_BKTD.requires_grad)
         and k_BKTD.shape[2] <= FP32_TRAIN_ATTN_MAX_KEYS
     ):
-        mask_B1TS = mask.dense_B1TS
-        causal = mask.is_causal
-        return _BF16FlashFP32Backward.apply(q_BHTD, k_BKTD, v_BKTD, mask_B1TS, causal)
+        return _BF16FlashFP32Backward.apply(q_BHTD, k_BKTD, v_BKTD, mask)
     return F.scaled_dot_product_attention(
         q_BHTD, k_BKTD, v_BKTD, attn_mask=mask.dense_B1TS, is_causal=mask.is_causal, enable_gqa=True
     )

@@ -22,7 +22,7 @@ Deviations:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +37,17 @@ class AttnMask:
     """Pure causal attention over a single document with no cache offset."""
     block_mask: object | None = None
     """flex_attention BlockMask, when ``attn_impl='flex'``."""
+    _additive: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def additive_B1TS(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """``dense_B1TS`` as an additive mask (0 where allowed, -inf elsewhere) in ``dtype``, built
+        once per mask and dtype and shared by every layer (None for the fast paths)."""
+        if self.dense_B1TS is None:
+            return None
+        if dtype not in self._additive:
+            zeros = torch.zeros(self.dense_B1TS.shape, dtype=dtype, device=self.dense_B1TS.device)
+            self._additive[dtype] = zeros.masked_fill_(~self.dense_B1TS, float("-inf"))
+        return self._additive[dtype]
 
 
 def allowed(

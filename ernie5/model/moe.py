@@ -261,28 +261,27 @@ def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
     Pure index arithmetic, no autograd; one pass of the fused CPU kernel where available.
     """
     counts = r.counts_E.tolist()
-    n_exp = len(counts)
     plan = plan_levels(counts)
-    rows, lo = [], 0
-    for hi, all_experts in plan:
-        rows.append(n_exp if all_experts else min(_round_experts(sum(c > lo for c in counts)), n_exp))
-        lo = hi
-    flat_ids = r.expert_ids_NA.reshape(-1)
-    if ops.fusable(r.gates_NA):
-        out = kernels().dispatch_levels(
-            flat_ids.contiguous(),
-            r.counts_E.contiguous(),
-            n_tokens,
-            [h for h, _ in plan],
-            rows,
-            [f for _, f in plan],
-        )
-        los = [0] + [h for h, _ in plan[:-1]]
-        return [
-            _Level(None if f else out[3 * i], h - lo, out[3 * i + 1], out[3 * i + 2])
-            for i, ((h, f), lo) in enumerate(zip(plan, los))
-        ]
-    return _dispatch_eager(r, n_tokens, plan)
+    if not ops.fusable(r.gates_NA):
+        return _dispatch_eager(r, n_tokens, plan)
+    n_exp = len(counts)
+    los = [0] + [hi for hi, _ in plan[:-1]]
+    rows = [
+        n_exp if full else min(_round_experts(sum(c > lo for c in counts)), n_exp)
+        for (_, full), lo in zip(plan, los)
+    ]
+    out = kernels().dispatch_levels(
+        r.expert_ids_NA.reshape(-1).contiguous(),
+        r.counts_E.contiguous(),
+        n_tokens,
+        [hi for hi, _ in plan],
+        rows,
+        [full for _, full in plan],
+    )
+    return [
+        _Level(None if full else out[3 * i], hi - lo, out[3 * i + 1], out[3 * i + 2])
+        for i, ((hi, full), lo) in enumerate(zip(plan, los))
+    ]
 
 
 def _dispatch_eager(r: RouterOutput, n_tokens: int, plan: list[tuple[int, bool]]) -> list[_Level]:
