@@ -710,7 +710,10 @@ std::vector<torch::Tensor> dispatch_levels(torch::Tensor expert_ids, torch::Tens
     lo = his[l];
   }
   std::vector<int64_t> rank(e, 0);
-  std::vector<int64_t> starts(n_levels);
+  std::vector<int64_t> offs(n_levels, 0);  // first slot of each level in the concatenated slot space
+  for (int64_t l = 1; l < n_levels; ++l) offs[l] = offs[l - 1] + rows_per_level[l - 1] * caps[l - 1];
+  auto slot_of_pair = torch::empty({n_pairs}, counts.options());
+  int64_t* sop = slot_of_pair.data_ptr<int64_t>();
   for (int64_t p = 0; p < n_pairs; ++p) {
     int64_t ex = ids[p];
     int64_t r = rank[ex]++;
@@ -720,8 +723,105 @@ std::vector<torch::Tensor> dispatch_levels(torch::Tensor expert_ids, torch::Tens
     int64_t slot = local[l][ex] * caps[l] + (r - base);
     tok[l][slot] = p / a;
     pair[l][slot] = p;
+    sop[p] = offs[l] + slot;
   }
+  out.push_back(slot_of_pair);
   return out;
+}
+
+// ------------------------------------------- MoE: gather rows into levels, combine them back
+//
+// gather_rows: out[s] = src[idx[s]], or a zero row where idx[s] == N (the pad slots of a level),
+// so no zero-padded copy of the activations is made. combine_rows: the inverse of the dispatch,
+// y[n] = sum_j rows[slot[n * A + j]] over a token's A (token, slot) pairs, summed in fp32 in slot
+// order and written once (no zero fill, no scatter). The level outputs are either (R, C, D) row
+// blocks or (R, D, C) (the batched GEMM's W @ X^T layout), read as strided columns.
+
+template <typename T>
+void gather_rows_impl(const T* src, const int64_t* idx, T* out, int64_t s, int64_t n, int64_t d) {
+  at::parallel_for(0, s, 16, [&](int64_t b, int64_t end) {
+    for (int64_t i = b; i < end; ++i) {
+      int64_t j = idx[i];
+      TORCH_CHECK(j >= 0 && j <= n, "gather_rows: index ", j, " outside [0, ", n, "]");
+      if (j < n)
+        std::memcpy(out + i * d, src + j * d, d * sizeof(T));
+      else
+        std::memset(out + i * d, 0, d * sizeof(T));
+    }
+  });
+}
+
+torch::Tensor gather_rows(torch::Tensor src, torch::Tensor idx) {
+  auto dt = src.scalar_type();
+  check(src, "rows", dt);
+  check(idx, "index", torch::kLong);
+  TORCH_CHECK(src.dim() == 2, "gather_rows: rows must be 2-D (N, D)");
+  int64_t n = src.size(0), d = src.size(1), s = idx.numel();
+  auto out = torch::empty({s, d}, src.options());
+  if (dt == torch::kBFloat16)
+    gather_rows_impl(ptr<uint16_t>(src), ptr<int64_t>(idx), ptr<uint16_t>(out), s, n, d);
+  else
+    gather_rows_impl(ptr<float>(src), ptr<int64_t>(idx), ptr<float>(out), s, n, d);
+  return out;
+}
+
+template <typename T>
+void combine_impl(const std::vector<const T*>& lv, const std::vector<int64_t>& rows, const std::vector<int64_t>& caps,
+                  bool transposed, const int64_t* slot, T* y, int64_t n, int64_t a, int64_t d, int64_t total) {
+  std::vector<int64_t> offs(lv.size() + 1, 0);  // first slot of each level
+  for (size_t l = 0; l < lv.size(); ++l) offs[l + 1] = offs[l] + rows[l] * caps[l];
+  at::parallel_for(0, n, 16, [&](int64_t b, int64_t end) {
+    std::vector<float> acc(d);
+    for (int64_t t = b; t < end; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < a; ++j) {
+        int64_t s = slot[t * a + j];
+        TORCH_CHECK(s >= 0 && s < total, "combine_rows: slot ", s, " outside [0, ", total, ")");
+        size_t l = std::upper_bound(offs.begin(), offs.end(), s) - offs.begin() - 1;
+        int64_t local = s - offs[l];
+        if (transposed) {  // (R, D, C): the row is column c of expert r's block
+          const T* col = lv[l] + (local / caps[l]) * d * caps[l] + local % caps[l];
+          int64_t stride = caps[l];
+          for (int64_t i = 0; i < d; ++i) acc[i] += to_f(col[i * stride]);
+        } else {
+          const T* row = lv[l] + local * d;
+          for (int64_t i = 0; i < d; ++i) acc[i] += to_f(row[i]);
+        }
+      }
+      T* o = y + t * d;
+      for (int64_t i = 0; i < d; ++i) o[i] = from_f<T>(acc[i]);
+    }
+  });
+}
+
+torch::Tensor combine_rows(std::vector<torch::Tensor> levels, torch::Tensor slot_of_pair, int64_t n_tokens,
+                           bool transposed) {
+  TORCH_CHECK(!levels.empty(), "combine_rows: no levels");
+  auto dt = levels[0].scalar_type();
+  check(slot_of_pair, "slot_of_pair", torch::kLong);
+  TORCH_CHECK(n_tokens > 0 && slot_of_pair.numel() % n_tokens == 0, "combine_rows: ", slot_of_pair.numel(),
+              " pairs do not split over ", n_tokens, " tokens");
+  int64_t a = slot_of_pair.numel() / n_tokens, d = levels[0].size(transposed ? 1 : 2), total = 0;
+  std::vector<int64_t> rows, caps;
+  for (auto& t : levels) {
+    check(t, "level", dt);
+    TORCH_CHECK(t.dim() == 3 && t.size(transposed ? 1 : 2) == d, "combine_rows: level of shape ", t.sizes(),
+                " does not match the feature size ", d);
+    rows.push_back(t.size(0));
+    caps.push_back(t.size(transposed ? 2 : 1));
+    total += t.size(0) * caps.back();
+  }
+  auto y = torch::empty({n_tokens, d}, levels[0].options());
+  if (dt == torch::kBFloat16) {
+    std::vector<const uint16_t*> p;
+    for (auto& t : levels) p.push_back(ptr<uint16_t>(t));
+    combine_impl(p, rows, caps, transposed, ptr<int64_t>(slot_of_pair), ptr<uint16_t>(y), n_tokens, a, d, total);
+  } else {
+    std::vector<const float*> p;
+    for (auto& t : levels) p.push_back(ptr<float>(t));
+    combine_impl(p, rows, caps, transposed, ptr<int64_t>(slot_of_pair), ptr<float>(y), n_tokens, a, d, total);
+  }
+  return y;
 }
 
 }  // namespace
@@ -738,4 +838,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("route_topk_fwd", &route_topk_fwd);
   m.def("route_topk_bwd", &route_topk_bwd);
   m.def("dispatch_levels", &dispatch_levels);
+  m.def("gather_rows", &gather_rows);
+  m.def("combine_rows", &combine_rows);
 }

@@ -255,7 +255,16 @@ class _Level:
         return w13_EFD[self.experts], w2_EDF[self.experts]
 
 
-def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
+@dataclass
+class Dispatch:
+    """Where every routed (token, slot) pair goes: the padded levels and the inverse map."""
+
+    levels: list[_Level]
+    slot_of_pair: torch.Tensor
+    """``(N * A,)``: each pair's slot in the concatenation of the levels' ``rows x cap`` slots."""
+
+
+def plan_dispatch(r: RouterOutput, n_tokens: int) -> Dispatch:
     """Sort (token, slot) pairs by expert into the padded levels of :func:`plan_levels`.
 
     Pure index arithmetic, no autograd; one pass of the fused CPU kernel where available.
@@ -278,13 +287,14 @@ def plan_dispatch(r: RouterOutput, n_tokens: int) -> list[_Level]:
         rows,
         [full for _, full in plan],
     )
-    return [
+    levels = [
         _Level(None if full else out[3 * i], hi - lo, out[3 * i + 1], out[3 * i + 2])
         for i, ((hi, full), lo) in enumerate(zip(plan, los))
     ]
+    return Dispatch(levels, out[-1])
 
 
-def _dispatch_eager(r: RouterOutput, n_tokens: int, plan: list[tuple[int, bool]]) -> list[_Level]:
+def _dispatch_eager(r: RouterOutput, n_tokens: int, plan: list[tuple[int, bool]]) -> Dispatch:
     """:func:`plan_dispatch` in PyTorch ops (the reference of the fused kernel)."""
     a = r.expert_ids_NA.shape[1]
     device = r.expert_ids_NA.device
@@ -297,7 +307,8 @@ def _dispatch_eager(r: RouterOutput, n_tokens: int, plan: list[tuple[int, bool]]
     rank_P = torch.arange(n_pairs, device=device) - starts_E[expert_P]
 
     levels = []
-    lo = 0
+    slot_of_pair = torch.empty(n_pairs, dtype=torch.long, device=device)
+    lo = offset = 0
     for hi, all_experts in plan:
         cap = hi - lo
         mask = (rank_P >= lo) & (rank_P < hi)
@@ -318,9 +329,10 @@ def _dispatch_eager(r: RouterOutput, n_tokens: int, plan: list[tuple[int, bool]]
         pair_EC = torch.full((rows * cap,), n_pairs, dtype=torch.long, device=device)
         tok_EC[slot] = order[mask] // a
         pair_EC[slot] = order[mask]
+        slot_of_pair[order[mask]] = offset + slot
         levels.append(_Level(experts, cap, tok_EC, pair_EC))
-        lo = hi
-    return levels
+        lo, offset = hi, offset + rows * cap
+    return Dispatch(levels, slot_of_pair)
 
 
 class _GroupedSwiGLU(torch.autograd.Function):
@@ -329,30 +341,44 @@ class _GroupedSwiGLU(torch.autograd.Function):
     Weights are the left GEMM operand of the forward (``(E, 2F, D) @ (E, D, C)``): oneDNN then
     packs the small token operand rather than every expert's weight, which is what makes small-C
     batched GEMMs fast on CPU. The gate multiplies the activations before the down projection
-    (``y = W2 (gate * a)``, the same product), so the combine is a plain scatter-add and the gate
-    gradient is a reduction over the contiguous ``(E, F, C)`` activations rather than over the
-    strided output. The backward accumulates a subset level's weight gradients in place
-    (``index_add_``), so no full-size zero tensor is materialised per level. On CPU the activation
-    ``silu(g) * u * gate`` and its backward (``d_h`` and the gate gradient) are one fused kernel
-    each (:mod:`ernie5.kernels`), which keeps only ``h`` and recomputes ``silu`` in the backward.
+    (``y = W2 (gate * a)``, the same product), so the combine is a plain sum over a token's pairs
+    and the gate gradient is a reduction over the contiguous ``(E, F, C)`` activations rather than
+    over the strided output. The backward accumulates a subset level's weight gradients in place
+    (``index_add_``), so no full-size zero tensor is materialised per level.
+
+    On CPU (:mod:`ernie5.kernels`) the activation ``silu(g) * u * gate`` and its backward (``d_h``
+    and the gate gradient) are one fused kernel each, which keeps only ``h`` and recomputes
+    ``silu`` in the backward; the gathers of token rows into the levels read the activations (or
+    their gradients) directly, pad slots as zero rows, and the combine (of the outputs, and of the
+    input gradients in the backward) sums each token's pairs through ``slot_of_pair`` in one pass,
+    instead of a zero-filled buffer, a transposing copy and a scatter-add. The eager lines are
+    the fallback and the parity reference.
     """
 
     @staticmethod
-    def forward(ctx, x_ND, gates_P, w13_EFD, w2_EDF, levels):  # noqa: D102
+    def forward(ctx, x_ND, gates_P, w13_EFD, w2_EDF, plan):  # noqa: D102
         n, d = x_ND.shape
-        x_pad = torch.cat([x_ND, x_ND.new_zeros(1, d)])
+        fused = ops.fusable(x_ND, w13_EFD, w2_EDF) and bool(plan.levels)
         g_pad = torch.cat([gates_P.to(x_ND.dtype), gates_P.new_zeros(1, dtype=x_ND.dtype)])
-        y_pad = x_ND.new_zeros(n + 1, d)
-        fused = ops.fusable(x_ND, w13_EFD, w2_EDF)
+        if fused:
+            x_ND = x_ND.contiguous()
+            y_levels = []
+        else:
+            x_pad = torch.cat([x_ND, x_ND.new_zeros(1, d)])
+            y_pad = x_ND.new_zeros(n + 1, d)
         saved = []
-        for lv in levels:
+        for lv in plan.levels:
             w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
-            x_ECD = x_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
+            if fused:
+                x_ECD = kernels().gather_rows(x_ND, lv.tok_EC).view(e, lv.cap, d)
+            else:
+                x_ECD = x_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
             h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
             gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
             if fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
                 gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C)
+                y_levels.append(torch.bmm(w2, gated_EFC))  # (E, D, C)
                 acts = None
             else:
                 g, u = h_EFC.chunk(2, dim=1)
@@ -360,30 +386,39 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 act_EFC = silu_EFC * u
                 gated_EFC = act_EFC * gate_E1C
                 acts = (silu_EFC, act_EFC)
-            y_ECD = torch.bmm(w2, gated_EFC).transpose(1, 2)
-            y_pad.index_add_(0, lv.tok_EC, y_ECD.reshape(-1, d))
+                y_ECD = torch.bmm(w2, gated_EFC).transpose(1, 2)
+                y_pad.index_add_(0, lv.tok_EC, y_ECD.reshape(-1, d))
             saved.append((x_ECD, h_EFC, gated_EFC, gate_E1C, acts))
-        ctx.levels = levels
-        ctx.saved = saved
+        ctx.plan, ctx.saved, ctx.fused = plan, saved, fused
         ctx.shapes = (n, d, gates_P.numel(), gates_P.dtype)
         ctx.save_for_backward(w13_EFD, w2_EDF)
+        if fused:
+            return kernels().combine_rows(y_levels, plan.slot_of_pair, n, True)
         return y_pad[:n]
 
     @staticmethod
     def backward(ctx, dy_ND):  # noqa: D102
         w13_EFD, w2_EDF = ctx.saved_tensors
         n, d, n_pairs, gate_dtype = ctx.shapes
-        dy_pad = torch.cat([dy_ND, dy_ND.new_zeros(1, d)])
-        dx_pad = dy_ND.new_zeros(n + 1, d)
+        fused = ctx.fused
+        if fused:
+            dy_ND = dy_ND.contiguous()
+            dx_levels = []
+        else:
+            dy_pad = torch.cat([dy_ND, dy_ND.new_zeros(1, d)])
+            dx_pad = dy_ND.new_zeros(n + 1, d)
         dg_pad = torch.zeros(n_pairs + 1, dtype=torch.float32, device=dy_ND.device)
         dw13 = dw2 = None
-        for lv, (x_ECD, h_EFC, gated_EFC, gate_E1C, acts) in zip(ctx.levels, ctx.saved):
+        for lv, (x_ECD, h_EFC, gated_EFC, gate_E1C, acts) in zip(ctx.plan.levels, ctx.saved):
             w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
-            dy_ECD = dy_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
+            if fused:
+                dy_ECD = kernels().gather_rows(dy_ND, lv.tok_EC).view(e, lv.cap, d)
+            else:
+                dy_ECD = dy_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
             d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
             d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
-            if acts is None:
+            if fused:
                 d_h, d_gate_EC = kernels().swiglu_gate_bwd(d_gated, h_EFC, gate_E1C)
                 dg_pad.index_add_(0, lv.pair_EC, d_gate_EC.view(-1))
             else:
@@ -396,8 +431,11 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
                 torch.mul(d_act, silu_EFC, out=d_u)
             d_w13 = torch.bmm(d_h, x_ECD)
-            d_x = torch.bmm(d_h.transpose(1, 2), w13)  # (E, C, D), contiguous for the scatter
-            dx_pad.index_add_(0, lv.tok_EC, d_x.view(-1, d))
+            d_x = torch.bmm(d_h.transpose(1, 2), w13)  # (E, C, D), contiguous for the combine
+            if fused:
+                dx_levels.append(d_x)
+            else:
+                dx_pad.index_add_(0, lv.tok_EC, d_x.view(-1, d))
             if lv.experts is None:
                 dw13 = d_w13 if dw13 is None else dw13 + d_w13
                 dw2 = d_w2 if dw2 is None else dw2 + d_w2
@@ -407,15 +445,19 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 dw13.index_add_(0, lv.experts, d_w13)
                 dw2.index_add_(0, lv.experts, d_w2)
         ctx.saved = None
-        return dx_pad[:n], dg_pad[:n_pairs].to(gate_dtype), dw13, dw2, None
+        if fused:
+            dx = kernels().combine_rows(dx_levels, ctx.plan.slot_of_pair, n, False)
+        else:
+            dx = dx_pad[:n]
+        return dx, dg_pad[:n_pairs].to(gate_dtype), dw13, dw2, None
 
 
 def experts_sorted(
     x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, r: RouterOutput
 ) -> torch.Tensor:
-    """Sort pairs by expert, run padded batched GEMMs (capacity + overflow), scatter back."""
-    levels = plan_dispatch(r, x_ND.shape[0])
-    return _GroupedSwiGLU.apply(x_ND, r.gates_NA.reshape(-1), w13_EFD, w2_EDF, levels)
+    """Sort pairs by expert, run padded batched GEMMs (capacity + overflow), combine back."""
+    plan = plan_dispatch(r, x_ND.shape[0])
+    return _GroupedSwiGLU.apply(x_ND, r.gates_NA.reshape(-1), w13_EFD, w2_EDF, plan)
 
 
 class SwiGLU(nn.Module):

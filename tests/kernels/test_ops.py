@@ -229,8 +229,10 @@ def test_dispatch_levels_matches_eager(skew):
     ids = torch.stack([torch.multinomial(probs, a) for _ in range(n)])
     counts = torch.bincount(ids.reshape(-1), minlength=e)
     r = RouterOutput(ids, torch.rand(n, a), counts, None, None)
-    fused = plan_dispatch(r, n)
-    eager = _dispatch_eager(r, n, plan_levels(counts.tolist()))
+    fused_plan = plan_dispatch(r, n)
+    eager_plan = _dispatch_eager(r, n, plan_levels(counts.tolist()))
+    assert torch.equal(fused_plan.slot_of_pair, eager_plan.slot_of_pair)
+    fused, eager = fused_plan.levels, eager_plan.levels
     assert len(fused) == len(eager) >= 1
     for f, g in zip(fused, eager):
         assert f.cap == g.cap
@@ -240,6 +242,49 @@ def test_dispatch_levels_matches_eager(skew):
         assert torch.equal(f.tok_EC, g.tok_EC) and torch.equal(f.pair_EC, g.pair_EC)
     if skew == 3.0:
         assert any(f.experts is not None for f in fused)  # a subset level was exercised
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("skew", [0.0, 3.0])
+def test_gather_and_combine_rows_match_eager(dtype, skew):
+    """The fused gather (pad slots read as zero rows) and combine (sum of a token's pairs) against
+    index_select on a zero-padded copy and index_add_ into a zero buffer, over every level."""
+    from ernie5.model.moe import RouterOutput, plan_dispatch
+
+    torch.manual_seed(int(skew) + 7)
+    n, e, a, d = 300, 16, 2, 40
+    probs = torch.softmax(torch.randn(e) * skew, 0)
+    ids = torch.stack([torch.multinomial(probs, a) for _ in range(n)])
+    r = RouterOutput(ids, torch.rand(n, a), torch.bincount(ids.reshape(-1), minlength=e), None, None)
+    plan = plan_dispatch(r, n)
+    x = torch.randn(n, d).to(dtype)
+    x_pad = torch.cat([x, x.new_zeros(1, d)])
+    outs_ECD, outs_EDC = [], []
+    for lv in plan.levels:
+        got = kernels().gather_rows(x, lv.tok_EC)
+        assert torch.equal(got, x_pad.index_select(0, lv.tok_EC))
+        rows = lv.tok_EC.numel() // lv.cap
+        outs_ECD.append(torch.randn(rows, lv.cap, d).to(dtype))
+        outs_EDC.append(torch.randn(rows, d, lv.cap).to(dtype))
+    for transposed, outs in ((False, outs_ECD), (True, outs_EDC)):
+        ref = torch.zeros(n + 1, d)
+        for lv, o in zip(plan.levels, outs):
+            o_ECD = o.transpose(1, 2) if transposed else o
+            ref.index_add_(0, lv.tok_EC, o_ECD.float().reshape(-1, d))
+        got = kernels().combine_rows(outs, plan.slot_of_pair, n, transposed)
+        _close(got, ref[:n].to(dtype), dtype)
+    if skew:
+        assert len(plan.levels) >= 2  # the slot map spans several levels
+
+
+@needs_kernels
+def test_gather_and_combine_reject_bad_indices():
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="outside"):
+        kernels().gather_rows(x, torch.tensor([0, 5]))
+    with pytest.raises(RuntimeError, match="outside"):
+        kernels().combine_rows([torch.randn(2, 2, 8)], torch.tensor([0, 1, 2, 9]), 2, False)
 
 
 @pytest.mark.skipif(__import__("shutil").which("c++") is None, reason="no C++ compiler")

@@ -113,7 +113,7 @@ def test_overflow_levels_match_loop():
     with torch.no_grad():
         layer.router_bias[0] = 10.0  # send every token to expert 0 (plus one other)
     r = route(x[0], layer.router.weight, layer.router_bias, layer.cfg, 2, None, 600)
-    levels = plan_dispatch(r, 600)
+    levels = plan_dispatch(r, 600).levels
     assert len(levels) >= 2 and levels[-1].experts is not None  # the hot expert runs alone
     _assert_same(_run(layer, x, "loop"), _run(layer, x, "sorted"))
 
@@ -127,7 +127,7 @@ def test_skewed_routing_three_levels_and_padding_experts_are_inert(skew):
         layer.router_bias[:] = torch.linspace(skew, 0, 16)
     x = torch.randn(1, 400, 32)
     r = route(x[0], layer.router.weight, layer.router_bias, layer.cfg, 2, None, 400)
-    levels = plan_dispatch(r, 400)
+    levels = plan_dispatch(r, 400).levels
     for lv in levels:
         assert lv.cap == _round_rows(lv.cap)
         if lv.experts is not None:
