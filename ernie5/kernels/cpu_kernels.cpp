@@ -824,6 +824,67 @@ torch::Tensor combine_rows(std::vector<torch::Tensor> levels, torch::Tensor slot
   return y;
 }
 
+// ------------------------------------------------ cross-entropy over rows of logits
+//
+// Per row of (N, V) logits: the fp32 log-sum-exp (one exp pass serves it and the softmax) and
+// the NLL of the target (0 where the target is IGNORE, i.e. negative); with a gradient scale,
+// the row is overwritten in place with scale * (softmax - onehot(target)), rounded once to the
+// logits' dtype. The fused linear cross-entropy (ernie5/model/loss.py) runs it on the logits of
+// its one GEMM; _chunked_nll_eager there is the reference.
+
+template <typename T>
+void ce_rows_impl(T* logits, const int64_t* tgt, const float* scale, float* nll, int64_t n, int64_t v) {
+  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> p(v);
+    for (int64_t r = r0; r < r1; ++r) {
+      T* l = logits + r * v;
+      int64_t t = tgt[r];
+      TORCH_CHECK(t < v, "cross-entropy: target ", t, " outside the vocabulary of ", v);
+      int64_t tc = t < 0 ? 0 : t;
+      float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < v; ++j) mx = std::max(mx, to_f(l[j]));
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < v; ++j) {
+        float e = exp_f(to_f(l[j]) - mx);
+        p[j] = e;
+        sum += e;
+      }
+      nll[r] = t < 0 ? 0.f : mx + std::log(sum) - to_f(l[tc]);
+      if (scale != nullptr) {
+        float s = scale[r], k = s / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < v; ++j) l[j] = from_f<T>(p[j] * k);
+        l[tc] = from_f<T>(p[tc] * k - s);
+      }
+    }
+  });
+}
+
+torch::Tensor ce_rows(torch::Tensor logits, torch::Tensor targets, torch::Tensor grad_scale) {
+  auto dt = logits.scalar_type();
+  check(logits, "logits", dt);
+  check(targets, "targets", torch::kLong);
+  TORCH_CHECK(logits.dim() == 2 && targets.numel() == logits.size(0), "cross-entropy: logits ", logits.sizes(),
+              " do not match ", targets.numel(), " targets");
+  const float* scale = nullptr;
+  if (grad_scale.numel() > 0) {
+    check(grad_scale, "grad scale", torch::kFloat);
+    TORCH_CHECK(grad_scale.numel() == logits.size(0), "cross-entropy: one grad scale per row expected");
+    scale = ptr<float>(grad_scale);
+  }
+  int64_t n = logits.size(0), v = logits.size(1);
+  auto nll = torch::empty({n}, logits.options().dtype(torch::kFloat));
+  if (dt == torch::kBFloat16)
+    ce_rows_impl(ptr<uint16_t>(logits), ptr<int64_t>(targets), scale, ptr<float>(nll), n, v);
+  else if (dt == torch::kFloat)
+    ce_rows_impl(ptr<float>(logits), ptr<int64_t>(targets), scale, ptr<float>(nll), n, v);
+  else
+    TORCH_CHECK(false, "cross-entropy: logits must be bf16 or fp32, got ", dt);
+  return nll;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -840,4 +901,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dispatch_levels", &dispatch_levels);
   m.def("gather_rows", &gather_rows);
   m.def("combine_rows", &combine_rows);
+  m.def("ce_rows", &ce_rows);
 }

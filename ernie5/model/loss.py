@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ernie5.kernels import kernels, ops
+
 IGNORE = -100
 """Target value of positions without a loss."""
 CHUNK_ROWS = 128
@@ -52,7 +54,19 @@ def linear_cross_entropy_reference(
 
 
 def _chunked_nll(logits_NV: torch.Tensor, targets_N: torch.Tensor, grad_scale_N: torch.Tensor | None):
-    """fp32 NLL per row; with ``grad_scale_N``, overwrite the logits with ``scale * dCE/dlogits``."""
+    """fp32 NLL per row; with ``grad_scale_N``, overwrite the logits with ``scale * dCE/dlogits``.
+
+    On CPU one fused kernel pass per row (:mod:`ernie5.kernels`); :func:`_chunked_nll_eager`
+    is the fallback and the reference.
+    """
+    if logits_NV.is_contiguous() and ops.fusable(logits_NV):
+        scale = grad_scale_N.float().contiguous() if grad_scale_N is not None else torch.empty(0)
+        return kernels().ce_rows(logits_NV, targets_N.long().contiguous(), scale)
+    return _chunked_nll_eager(logits_NV, targets_N, grad_scale_N)
+
+
+def _chunked_nll_eager(logits_NV: torch.Tensor, targets_N: torch.Tensor, grad_scale_N: torch.Tensor | None):
+    """:func:`_chunked_nll` in PyTorch ops, ``CHUNK_ROWS`` rows of fp32 softmax at a time."""
     n = logits_NV.shape[0]
     nll_N = torch.zeros(n, dtype=torch.float32, device=logits_NV.device)
     tgt_N = targets_N.clamp_min(0)
