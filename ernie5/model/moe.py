@@ -343,8 +343,9 @@ class _GroupedSwiGLU(torch.autograd.Function):
     batched GEMMs fast on CPU. The gate multiplies the activations before the down projection
     (``y = W2 (gate * a)``, the same product), so the combine is a plain sum over a token's pairs
     and the gate gradient is a reduction over the contiguous ``(E, F, C)`` activations rather than
-    over the strided output. The backward accumulates a subset level's weight gradients in place
-    (``index_add_``), so no full-size zero tensor is materialised per level.
+    over the strided output. A subset level's gathered weights are kept from the forward for its backward,
+    which accumulates that level's weight gradients in place (``index_add_``), so no full-size
+    zero tensor is materialised per level.
 
     On CPU (:mod:`ernie5.kernels`) the activation ``silu(g) * u * gate`` and its backward (``d_h``
     and the gate gradient) are one fused kernel each, which keeps only ``h`` and recomputes
@@ -388,7 +389,8 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 acts = (silu_EFC, act_EFC)
                 y_ECD = torch.bmm(w2, gated_EFC).transpose(1, 2)
                 y_pad.index_add_(0, lv.tok_EC, y_ECD.reshape(-1, d))
-            saved.append((x_ECD, h_EFC, gated_EFC, gate_E1C, acts))
+            sub = None if lv.experts is None else (w13, w2)  # gathered once, reused by the backward
+            saved.append((x_ECD, h_EFC, gated_EFC, gate_E1C, acts, sub))
         ctx.plan, ctx.saved, ctx.fused = plan, saved, fused
         ctx.shapes = (n, d, gates_P.numel(), gates_P.dtype)
         ctx.save_for_backward(w13_EFD, w2_EDF)
@@ -409,8 +411,8 @@ class _GroupedSwiGLU(torch.autograd.Function):
             dx_pad = dy_ND.new_zeros(n + 1, d)
         dg_pad = torch.zeros(n_pairs + 1, dtype=torch.float32, device=dy_ND.device)
         dw13 = dw2 = None
-        for lv, (x_ECD, h_EFC, gated_EFC, gate_E1C, acts) in zip(ctx.plan.levels, ctx.saved):
-            w13, w2 = lv.weights(w13_EFD, w2_EDF)
+        for lv, (x_ECD, h_EFC, gated_EFC, gate_E1C, acts, sub) in zip(ctx.plan.levels, ctx.saved):
+            w13, w2 = sub or (w13_EFD, w2_EDF)
             e = w13.shape[0]
             if fused:
                 dy_ECD = kernels().gather_rows(dy_ND, lv.tok_EC).view(e, lv.cap, d)
