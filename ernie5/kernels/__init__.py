@@ -39,7 +39,7 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
-_SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+_SOURCES = [Path(__file__).with_name(n) for n in ("cpu_kernels.cpp", "cpu_attention.cpp")]
 FAILED_MARKER = "build_failed.txt"
 """Written into the build folder when a build fails, so later processes fall back at once."""
 _STATE: dict[str, object] = {}
@@ -66,7 +66,7 @@ def _build_name() -> str:
 
     build = " ".join(_cflags())
     key = hashlib.sha1(
-        _SOURCE.read_bytes() + f"{torch.__version__}|{cpu}|{flags}|{build}".encode()
+        b"".join(p.read_bytes() for p in _SOURCES) + f"{torch.__version__}|{cpu}|{flags}|{build}".encode()
     ).hexdigest()[:12]
     return f"ernie5_cpu_kernels_{key}"
 
@@ -104,7 +104,7 @@ def _build() -> ModuleType:
     try:
         return cpp_extension.load(
             name=name,
-            sources=[str(_SOURCE)],
+            sources=[str(p) for p in _SOURCES],
             build_directory=str(build_dir),
             extra_cflags=_cflags(),
             extra_ldflags=["-fopenmp"],

@@ -887,6 +887,14 @@ torch::Tensor ce_rows(torch::Tensor logits, torch::Tensor targets, torch::Tensor
 
 }  // namespace
 
+// cpu_attention.cpp (same extension)
+bool attention_available();
+bool attention_amx();
+std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
+                                    bool allow_amx);
+std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,
+                                    torch::Tensor lse, bool causal, torch::Tensor bias, bool allow_amx);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm_fwd", &rms_norm_fwd);
   m.def("rms_norm_bwd", &rms_norm_bwd);
@@ -902,4 +910,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_rows", &gather_rows);
   m.def("combine_rows", &combine_rows);
   m.def("ce_rows", &ce_rows);
+  m.def("attention_available", &attention_available);
+  m.def("attention_amx", &attention_amx);
+  m.def("attn_fwd", &attn_fwd);
+  m.def("attn_bwd", &attn_bwd);
 }

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ernie5.kernels import ops
+from ernie5.kernels import kernels, ops
 from ernie5.model.config import ModelConfig
 from ernie5.model.kv_cache import KVCache
 from ernie5.model.mask import AttnMask
@@ -40,7 +40,8 @@ def _compiled_flex():
 
 
 FP32_TRAIN_ATTN_MAX_KEYS = 512
-"""On CPU, bf16 attention that will be differentiated runs its backward in fp32 up to this many keys."""
+"""On CPU, bf16 attention that will be differentiated runs the fused kernel (or an fp32 backward) up
+to this many keys: both keep whole key rows."""
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -73,8 +74,52 @@ class _BF16FlashFP32Backward(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
+class _FusedAttention(torch.autograd.Function):
+    """CPU fused attention (:mod:`ernie5.kernels`, ``cpu_attention.cpp``): bf16 in and out, fp32 math.
+
+    Whole key rows with an exact softmax; ``Q K^T`` and ``dO V^T`` multiply bf16 exactly (AMX or
+    AVX512-BF16) and add in fp32, every product with ``P`` or ``dS`` is an fp32 FMA, so, unlike
+    PyTorch's bf16 flash forward, ``P`` is never rounded to bf16 (forward error <= 0.5 bf16 ulp
+    against a float64 reference, vs up to 33 ulp). Causal rows and masked key spans are skipped.
+    Nano shape per layer (B=8, H=8, K=2, T=256, head dim 32), forward + backward: 8.4 -> 4.0 ms
+    causal, 9.5 -> 3.5 ms with document masks, against :class:`_BF16FlashFP32Backward`.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask: AttnMask):  # noqa: D102
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        o, lse = kernels().attn_fwd(q, k, v, mask.is_causal, _fp32_bias(mask), True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mask = mask
+        return o
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: D102
+        q, k, v, o, lse = ctx.saved_tensors
+        mask = ctx.mask
+        dq, dk, dv = kernels().attn_bwd(
+            do.contiguous(), q, k, v, o, lse, mask.is_causal, _fp32_bias(mask), True
+        )
+        return dq, dk, dv, None
+
+
+def _fp32_bias(mask: AttnMask) -> torch.Tensor:
+    bias = mask.additive_B1TS(torch.float32)
+    return bias if bias is not None else torch.empty(0)
+
+
+def _fused_attention_fits(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, mask: AttnMask) -> bool:
+    """Whether :class:`_FusedAttention` takes this call (shapes, and a build with the kernel)."""
+    d, (h, t), (kv, s) = q_BHTD.shape[3], q_BHTD.shape[1:3], k_BKTD.shape[1:3]
+    if d % 16 or not 16 <= d <= 128 or h % kv or (mask.is_causal and t != s):
+        return False
+    mod = kernels()
+    return mod is not None and mod.attention_available()
+
+
 def _sdpa(q_BHTD, k_BKTD, v_BKTD, mask: AttnMask) -> torch.Tensor:
-    """SDPA; short bf16 training attention on CPU runs :class:`_BF16FlashFP32Backward`."""
+    """SDPA; short bf16 training attention on CPU runs :class:`_FusedAttention` where the kernels
+    have it (a CPU with AVX512-BF16), else :class:`_BF16FlashFP32Backward`."""
     if (
         q_BHTD.dtype == torch.bfloat16
         and q_BHTD.device.type == "cpu"
@@ -82,6 +127,8 @@ def _sdpa(q_BHTD, k_BKTD, v_BKTD, mask: AttnMask) -> torch.Tensor:
         and (q_BHTD.requires_grad or k_BKTD.requires_grad or v_BKTD.requires_grad)
         and k_BKTD.shape[2] <= FP32_TRAIN_ATTN_MAX_KEYS
     ):
+        if k_BKTD.dtype == v_BKTD.dtype == torch.bfloat16 and _fused_attention_fits(q_BHTD, k_BKTD, mask):
+            return _FusedAttention.apply(q_BHTD, k_BKTD, v_BKTD, mask)
         return _BF16FlashFP32Backward.apply(q_BHTD, k_BKTD, v_BKTD, mask)
     return F.scaled_dot_product_attention(
         q_BHTD, k_BKTD, v_BKTD, attn_mask=mask.dense_B1TS, is_causal=mask.is_causal, enable_gqa=True

@@ -219,3 +219,127 @@ def test_fused_kernels_match_the_eager_model(monkeypatch, qk_norm):
     assert fused_grads.keys() == eager_grads.keys()
     for name, g in fused_grads.items():
         torch.testing.assert_close(g, eager_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+needs_fused_attention = pytest.mark.skipif(
+    kernels() is None or not kernels().attention_available(),
+    reason="the fused attention kernel needs a build on a CPU with AVX512-BF16",
+)
+
+
+def _doc_mask(b: int, t: int, cuts: list[int]) -> torch.Tensor:
+    """Causal attention inside documents that start at ``cuts``: ``(B, 1, T, T)`` bool."""
+    doc = torch.zeros(t, dtype=torch.long)
+    for c in cuts:
+        doc[c:] += 1
+    doc_bt = doc.expand(b, t)
+    pos = torch.arange(t).expand(b, t)
+    return allowed(doc_bt, pos, doc_bt, pos)[:, None]
+
+
+@needs_fused_attention
+@pytest.mark.parametrize("amx", [True, False])
+@pytest.mark.parametrize("kind", ["causal", "documents", "none"])
+@pytest.mark.parametrize("t,d", [(1, 16), (17, 32), (40, 64)])
+def test_fused_attention_matches_fp32_attention(amx, kind, t, d):
+    """The fused kernel (AMX and AVX512-BF16 paths) against fp32 SDPA at the same bf16 inputs:
+    output, log-sum-exp and the three gradients, with GQA (4 query heads over 2 kv heads)."""
+    import torch.nn.functional as F
+
+    from ernie5.model.mask import AttnMask
+
+    torch.manual_seed(t + d)
+    b, h, kv = 2, 4, 2
+    q = torch.randn(b, h, t, d).bfloat16()
+    k, v = torch.randn(b, kv, t, d).bfloat16(), torch.randn(b, kv, t, d).bfloat16()
+    do = torch.randn(b, h, t, d).bfloat16()
+    dense = _doc_mask(b, t, [t // 3, t // 2]) if kind == "documents" else None
+    mask = AttnMask(dense_B1TS=dense, is_causal=kind == "causal")
+    bias = mask.additive_B1TS(torch.float32)
+    bias = bias if bias is not None else torch.empty(0)
+    o, lse = kernels().attn_fwd(q, k, v, mask.is_causal, bias, amx)
+    dq, dk, dv = kernels().attn_bwd(do, q, k, v, o, lse, mask.is_causal, bias, amx)
+
+    q32, k32, v32 = (x.float().requires_grad_() for x in (q, k, v))
+    ref = F.scaled_dot_product_attention(
+        q32, k32, v32, attn_mask=dense, is_causal=mask.is_causal, enable_gqa=True
+    )
+    ref.backward(do.float())
+    torch.testing.assert_close(o.float(), ref.detach(), atol=1e-2, rtol=1e-2)
+    scores = q32.detach() @ k32.detach().repeat_interleave(h // kv, 1).transpose(-1, -2) / d**0.5
+    if mask.is_causal:
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    elif dense is not None:
+        scores = scores.masked_fill(~dense, float("-inf"))
+    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-4, rtol=1e-5)
+    for got, exp in ((dq, q32), (dk, k32), (dv, v32)):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), exp.grad, atol=3e-2, rtol=3e-2)
+    again = kernels().attn_bwd(do, q, k, v, o, lse, mask.is_causal, bias, amx)
+    assert all(torch.equal(x, y) for x, y in zip((dq, dk, dv), again))  # bit-identical rerun
+
+
+@needs_fused_attention
+def test_fused_attention_gives_a_fully_masked_row_zero_output_and_no_nan():
+    q, k, v = (torch.randn(1, 2, 4, 16).bfloat16() for _ in range(3))
+    bias = torch.zeros(1, 1, 4, 4)
+    bias[0, 0, 2] = float("-inf")  # query 2 sees nothing
+    o, lse = kernels().attn_fwd(q, k, v, False, bias, True)
+    dq, dk, dv = kernels().attn_bwd(torch.ones_like(o), q, k, v, o, lse, False, bias, True)
+    assert bool((o[:, :, 2] == 0).all()) and bool((dq[:, :, 2] == 0).all())
+    assert all(bool(torch.isfinite(x.float()).all()) for x in (o, dq, dk, dv))
+
+
+@needs_fused_attention
+def test_training_attention_takes_the_fused_kernel_only_where_it_fits():
+    from ernie5.model import attention
+    from ernie5.model.mask import AttnMask
+
+    causal = AttnMask(is_causal=True)
+    q, k = torch.zeros(1, 4, 8, 32), torch.zeros(1, 2, 8, 32)
+    assert attention._fused_attention_fits(q, k, causal)
+    assert not attention._fused_attention_fits(q[..., :8], k[..., :8], causal)  # head dim 8
+    assert not attention._fused_attention_fits(q, torch.zeros(1, 3, 8, 32), causal)  # 4 heads over 3
+    assert not attention._fused_attention_fits(q, torch.zeros(1, 2, 9, 32), causal)  # causal needs T == S
+    calls = []
+    real = attention._FusedAttention.apply
+    attention._FusedAttention.apply = lambda *a: calls.append(1) or real(*a)
+    try:
+        qb = torch.randn(1, 4, 8, 32).bfloat16().requires_grad_()
+        kb, vb = torch.randn(1, 2, 8, 32).bfloat16(), torch.randn(1, 2, 8, 32).bfloat16()
+        attention._sdpa(qb, kb, vb, causal).float().sum().backward()
+        with torch.no_grad():  # inference keeps PyTorch's attention
+            attention._sdpa(qb, kb, vb, causal)
+    finally:
+        attention._FusedAttention.apply = real
+    assert calls == [1] and qb.grad is not None
+
+
+@needs_fused_attention
+def test_bf16_model_training_step_with_fused_attention_matches_pytorch_attention(monkeypatch):
+    """A bf16 micro model's loss and gradients with every fused kernel (attention included) against
+    ERNIE5_KERNELS=off (PyTorch's flash attention with the fp32 backward, eager everything). Every
+    token uses all experts (top-k = E), so bf16 rounding differences cannot flip a routing choice,
+    which would move whole expert gradients."""
+    torch.manual_seed(0)
+    cfg = tiny_config(d_model=64, moe=dict(top_k=8))
+    assert cfg.dim_head % 16 == 0  # so the fused attention runs
+    m = Ernie5Model(cfg).train().bfloat16()
+    x = torch.randint(0, 64, (2, 24))
+
+    def loss_and_grads():
+        m.zero_grad(set_to_none=True)
+        out = m(x, targets_BT=x)
+        out.loss.backward()
+        return out.loss.detach().float(), {
+            n: p.grad.float() for n, p in m.named_parameters() if p.grad is not None
+        }
+
+    fused_loss, fused_grads = loss_and_grads()
+    monkeypatch.setenv("ERNIE5_KERNELS", "off")
+    eager_loss, eager_grads = loss_and_grads()
+    torch.testing.assert_close(fused_loss, eager_loss, atol=2e-2, rtol=1e-2)
+    assert fused_grads.keys() == eager_grads.keys()
+    for name, g in fused_grads.items():  # bf16 rounding differs op by op: compare whole tensors
+        e = eager_grads[name]
+        assert float((g - e).norm() / e.norm().clamp_min(1e-12)) < 0.05, name
