@@ -2,20 +2,22 @@
 
 Eager PyTorch runs a chain like RMSNorm as half a dozen elementwise ops, each streaming the whole
 activation through memory. ``cpu_kernels.cpp`` does each chain in one pass (fp32 math, bf16 or
-fp32 storage): RMSNorm, the attention prologue (split of the packed q/k/v projection, QK-norm,
-RoPE, heads-first layout), the MoE router (scores, biased top-k, gates, counts), the dispatch
-into padded levels, the gather of token rows into them and the combine back, the gated SwiGLU
-activation of the batched experts, the cross-entropy rows of the output head (log-sum-exp, NLL
-and the logit gradient in place), each with its backward where it has one, and the
-mixed-precision AdamW step (``train.precision``). Measured
-here at the nano shape in bf16 (forward + backward): RMSNorm over ``(8, 256, 256)`` 1.6 -> 0.3
-ms, the attention prologue 3.7 -> 1.0 ms, the MoE activation ~2.7 -> 1.1 ms per layer, the MoE
-gathers and combines 1.1 -> 0.4 ms per layer, the cross-entropy rows of ``(2048, 4096)`` logits
-5.7 -> 2.3 ms, the optimizer phase of a step 154 -> 80 ms; a whole training step 548 -> ~395 ms
-(``ernie5 bench train``).
+fp32 storage), and ``cpu_attention.cpp`` holds the fused bf16 training attention, forward and
+backward (AMX / AVX512-BF16; see :class:`ernie5.model.attention._FusedAttention`): RMSNorm, the
+attention prologue (split of the packed q/k/v projection, QK-norm, RoPE, heads-first layout), the
+MoE router (scores, biased top-k, gates, counts), the dispatch into padded levels, the gather of
+token rows into them and the combine back, the gated SwiGLU activation of the batched experts, the
+cross-entropy rows of the output head (log-sum-exp, NLL and the logit gradient in place), each
+with its backward where it has one, and the mixed-precision AdamW step (``train.precision``).
+Measured here at the nano shape in bf16 (forward + backward): RMSNorm over ``(8, 256, 256)`` 1.6
+-> 0.3 ms, the attention prologue 3.7 -> 1.0 ms, the MoE activation ~2.7 -> 1.1 ms per layer, the
+MoE gathers and combines 1.1 -> 0.4 ms per layer, the cross-entropy rows of ``(2048, 4096)``
+logits 5.7 -> 2.3 ms, attention forward + backward per layer 8.4 -> 4.0 ms, the optimizer phase of
+a step 154 -> 80 ms; a whole training step ~690 -> ~390 ms (``ernie5 bench train``,
+``ERNIE5_KERNELS=off`` vs default, alternating runs).
 
 The extension is built with ``torch.utils.cpp_extension`` the first time a process needs it
-(about 20 s, then cached in ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,
+(about 30 s on 2 cores, then cached in ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,
 under a name keyed by the source, torch, the CPU and the compiler flags, since it is built with
 ``-march=native``).
 It needs a C++ compiler (ninja comes with the package). Where the build fails, :func:`kernels`
@@ -100,7 +102,7 @@ def _build() -> ModuleType:
         reason = failed.read_text(encoding="utf-8").strip()
         raise RuntimeError(f"an earlier build failed ({reason}); delete {failed} to retry")
     if not any(build_dir.glob("*.so")):  # the slow first build, rather than a load from the cache
-        print("ernie5: building the fused CPU kernels (once per machine, about 20 s)", file=sys.stderr)
+        print("ernie5: building the fused CPU kernels (once per machine, about 30 s)", file=sys.stderr)
     try:
         return cpp_extension.load(
             name=name,
