@@ -55,6 +55,7 @@ def machine_info() -> dict[str, Any]:
     """CPU, core count and torch thread count."""
     import torch
 
+    from ernie5.kernels import attention_status
     from ernie5.kernels import status as kernels_status
 
     cpu = platform.processor() or platform.machine()
@@ -72,6 +73,7 @@ def machine_info() -> dict[str, Any]:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "platform": platform.platform(),
         "kernels": kernels_status(),
+        "attention": attention_status(),
     }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from ernie5.kernels import attention_status
 from ernie5.kernels import status as kernel_status
 
 
@@ -37,4 +38,5 @@ def environment() -> dict:
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "kernels": kernel_status(),
+        "attention": attention_status(),
     }

@@ -152,3 +152,15 @@ def status() -> str:
         return "off"
     kernels()
     return str(_STATE["status"])
+
+
+def attention_status() -> str:
+    """Which training attention this process runs on CPU: ``fused (amx)``, ``fused (avx512-bf16)``,
+    ``pytorch (no avx512-bf16 build)`` or ``pytorch (kernels ...)`` when the kernels are off or eager."""
+    overall = status()
+    if overall != "fused":
+        return f"pytorch (kernels {overall})"
+    mod = kernels()
+    if not mod.attention_available():
+        return "pytorch (no avx512-bf16 build)"
+    return "fused (amx)" if mod.attention_amx() else "fused (avx512-bf16)"

@@ -154,8 +154,20 @@ def test_off_mode_runs_eager(monkeypatch):
     x = torch.randn(3, 8)
     assert kernels() is None and not ops.fusable(x)
     assert kernels_pkg.status() == "off"
+    assert kernels_pkg.attention_status() == "pytorch (kernels off)"
     mod = RMSNorm(8, eps=1e-6)
     torch.testing.assert_close(mod(x), F.rms_norm(x, (8,), mod.weight, 1e-6))
+
+
+@needs_kernels
+def test_attention_status_names_the_path():
+    mod = kernels()
+    expected = (
+        ("fused (amx)" if mod.attention_amx() else "fused (avx512-bf16)")
+        if mod.attention_available()
+        else "pytorch (no avx512-bf16 build)"
+    )
+    assert kernels_pkg.attention_status() == expected
 
 
 def test_bad_mode_is_an_error(monkeypatch):
