@@ -42,6 +42,7 @@ from pathlib import Path
 from types import ModuleType
 
 _SOURCES = [Path(__file__).with_name(n) for n in ("cpu_kernels.cpp", "cpu_attention.cpp")]
+_HEADERS = [Path(__file__).with_name("cpu_common.h")]
 FAILED_MARKER = "build_failed.txt"
 """Written into the build folder when a build fails, so later processes fall back at once."""
 _STATE: dict[str, object] = {}
@@ -67,9 +68,8 @@ def _build_name() -> str:
     import torch
 
     build = " ".join(_cflags())
-    key = hashlib.sha1(
-        b"".join(p.read_bytes() for p in _SOURCES) + f"{torch.__version__}|{cpu}|{flags}|{build}".encode()
-    ).hexdigest()[:12]
+    code = b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)
+    key = hashlib.sha1(code + f"{torch.__version__}|{cpu}|{flags}|{build}".encode()).hexdigest()[:12]
     return f"ernie5_cpu_kernels_{key}"
 
 

@@ -31,13 +31,16 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "cpu_common.h"
+
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 namespace {
+
+using namespace ernie5_kernels;
 
 // ---- AMX (tile bf16 dot products: exact bf16 products, fp32 accumulation, like dpbf16) ----
 bool amx_permitted() {  // asks the kernel once per process
@@ -74,14 +77,6 @@ inline void amx_release() {}
 #endif
 
 constexpr int QB = 16;  // query rows per block (== key block width)
-
-inline float bf2f(uint16_t x) { uint32_t u = uint32_t(x) << 16; float f; std::memcpy(&f, &u, 4); return f; }
-inline uint16_t f2bf(float f) {  // round-to-nearest-even, same as torch's float->bfloat16
-  uint32_t u; std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 
 // Cephes-style expf: range reduction by ln2 (hi/lo), degree-6 polynomial, scalef. ~1-2 ulp.
 inline __m512 exp512(__m512 x) {
@@ -316,7 +311,7 @@ void fwd_impl(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t*
       const int bg = int(task / nsplit), sp = int(task % nsplit), b = bg / K, g = bg % K;
       pack_pairs(k + int64_t(bg) * S * D, S, D, Dm::PP, kp.data(), Spad);
       std::memset(vf.data(), 0, sizeof(float) * Spad * D);
-      for (int x = 0; x < S * D; ++x) vf[x] = bf2f(v[int64_t(bg) * S * D + x]);
+      for (int x = 0; x < S * D; ++x) vf[x] = to_f(v[int64_t(bg) * S * D + x]);
       int rng_h = -1;
       for (int t = 0; t < hps; ++t) {
         const int h = g * G + sp * hps + t;
@@ -366,7 +361,7 @@ void fwd_impl(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t*
             axb_tile<ND, R>(Sb.data() + size_t(r0) * Spad, Spad, vf.data(), j0, std::max(j0, je), Ob.data() + r0 * D);
           }
           for (int r = 0; r < nr; ++r)
-            for (int d = 0; d < D; ++d) oh[int64_t(i0 + r) * D + d] = f2bf(Ob[r * D + d] * rinv[r]);
+            for (int d = 0; d < D; ++d) oh[int64_t(i0 + r) * D + d] = from_f<uint16_t>(Ob[r * D + d] * rinv[r]);
         }
       }
     }
@@ -396,7 +391,7 @@ void bwd_impl(const uint16_t* dO, const uint16_t* q, const uint16_t* k, const ui
       pack_pairs(k + int64_t(bg) * S * D, S, D, Dm::PP, kp.data(), Spad);
       pack_pairs(v + int64_t(bg) * S * D, S, D, Dm::PP, vp.data(), Spad);
       std::memset(kf.data(), 0, sizeof(float) * Spad * D);
-      for (int x = 0; x < S * D; ++x) kf[x] = bf2f(k[int64_t(bg) * S * D + x]);
+      for (int x = 0; x < S * D; ++x) kf[x] = to_f(k[int64_t(bg) * S * D + x]);
       std::memset(dKa.data(), 0, sizeof(float) * Spad * D);
       std::memset(dVa.data(), 0, sizeof(float) * Spad * D);
       int rng_h = -1;
@@ -411,7 +406,7 @@ void bwd_impl(const uint16_t* dO, const uint16_t* q, const uint16_t* k, const ui
           load_rows(qbuf.data(), Dp, q + off, D, nr);
           load_rows(dobuf.data(), Dp, dO + off, D, nr);
           for (int r = 0; r < QB; ++r)
-            for (int d = 0; d < D; ++d) { Qf[r * D + d] = bf2f(qbuf[r * Dp + d]); dOf[r * D + d] = bf2f(dobuf[r * Dp + d]); }
+            for (int d = 0; d < D; ++d) { Qf[r * D + d] = to_f(qbuf[r * Dp + d]); dOf[r * D + d] = to_f(dobuf[r * Dp + d]); }
           for (int r = 0; r < nr; ++r) {
             __m512 acc = _mm512_setzero_ps();
             for (int n = 0; n < ND; ++n) {
@@ -456,11 +451,11 @@ void bwd_impl(const uint16_t* dO, const uint16_t* q, const uint16_t* k, const ui
             axb_tile<ND, R>(dSb.data() + size_t(r0) * Spad, Spad, kf.data(), j0, std::max(j0, je), dQb.data() + r0 * D);
           }
           for (int r = 0; r < nr; ++r)
-            for (int d = 0; d < D; ++d) dq[off + r * D + d] = f2bf(dQb[r * D + d]);
+            for (int d = 0; d < D; ++d) dq[off + r * D + d] = from_f<uint16_t>(dQb[r * D + d]);
         }
       }
       if (nsplit == 1) {
-        for (int x = 0; x < S * D; ++x) { dk[int64_t(bg) * S * D + x] = f2bf(dKa[x]); dv[int64_t(bg) * S * D + x] = f2bf(dVa[x]); }
+        for (int x = 0; x < S * D; ++x) { dk[int64_t(bg) * S * D + x] = from_f<uint16_t>(dKa[x]); dv[int64_t(bg) * S * D + x] = from_f<uint16_t>(dVa[x]); }
       } else {
         float* pk = part + (int64_t(bg) * nsplit + sp) * 2 * S * D;
         std::memcpy(pk, dKa.data(), sizeof(float) * S * D);
@@ -478,7 +473,7 @@ void bwd_impl(const uint16_t* dO, const uint16_t* q, const uint16_t* k, const ui
             const float* pk = part + (bg * nsplit + sp) * 2 * S * D;
             sk += pk[x]; sv += pk[S * D + x];
           }
-          dk[bg * S * D + x] = f2bf(sk); dv[bg * S * D + x] = f2bf(sv);
+          dk[bg * S * D + x] = from_f<uint16_t>(sk); dv[bg * S * D + x] = from_f<uint16_t>(sv);
         }
     });
   }

@@ -12,6 +12,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_common.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,52 +22,7 @@
 
 namespace {
 
-inline float to_f(float v) { return v; }
-inline float to_f(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-template <typename T> inline T from_f(float f);
-template <> inline float from_f<float>(float f) { return f; }
-template <> inline uint16_t from_f<uint16_t>(float f) {  // round to nearest even, as c10::BFloat16
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  uint16_t r = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-  return std::isnan(f) ? static_cast<uint16_t>(0x7FC0) : r;
-}
-
-// exp(x) in fp32 without libm, so loops over it vectorise: Cephes' range reduction
-// x = n ln2 + r and degree-6 polynomial for e^r (about 2 ulp), inputs clamped to the normal range.
-inline float exp_f(float x) {
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.3f ? 88.3f : x;
-  float t = x * 1.44269504088896341f;
-  int32_t ni = static_cast<int32_t>(t + std::copysign(0.5f, t));  // nearest integer
-  float n = static_cast<float>(ni);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float e = p * r * r + r + 1.f;
-  uint32_t bits = static_cast<uint32_t>(ni + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return e * scale;
-}
-
-// Stored element type of a tensor: bf16 is handled as raw uint16 bits.
-template <typename T> inline T* ptr(const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
-
-void check(const torch::Tensor& t, const char* name, at::ScalarType dtype) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
-}
+using namespace ernie5_kernels;
 
 // ---------------------------------------------------------------- RMSNorm over the last dim
 
