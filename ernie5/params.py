@@ -12,6 +12,16 @@ Definitions (used by ``ernie5 params``, the harness's efficiency columns and the
   * ``flops_per_token``: forward FLOPs per token, ``2 * active_params_no_embedding`` for the
     matmuls plus attention scores and values ``4 * layers * heads * head_dim * ctx`` with ``ctx``
     the mean causal context of a ``seq_len`` sequence, ``(seq_len + 1) / 2``.
+  * ``train_flops_per_token``: model FLOPs of one training step per token (the MFU numerator):
+    three times (forward + both backward GEMMs) the forward FLOPs of everything a pretraining step
+    runs for a text token: the trunk's matmuls (as in ``flops_per_token`` but without the norm
+    weights, which are not matmuls, and with the output head even when it is tied to the
+    embedding, since its matmul runs either way) and attention cores, and each MTP module (its
+    ``2d -> d`` projection, its dense block with causal attention, and the shared head's logits
+    again). This is Megatron-LM's accounting (``num_floating_point_operations``: MTP projections
+    and ``(mtp_num_layers + 1)`` logit terms, causal attention cores); norms, activations, routing
+    and the optimizer are not FLOPs in this sense. ``6 * active_params_no_embedding`` is the
+    PaLM-style trunk-only figure, which leaves out the attention cores and the MTP modules.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ class ParamReport:
     flops_per_token: float
     matmul_flops_per_token: float
     attn_flops_per_token: float
+    mtp_flops_per_token: float
+    train_flops_per_token: float
     seq_len: int
     n_layers: int
     top_k: int
@@ -45,10 +57,15 @@ class ParamReport:
         return asdict(self)
 
 
-def _attn_params(cfg: ModelConfig) -> int:
+def _attn_matmul_params(cfg: ModelConfig) -> int:
+    """The q, k, v and output projections of one attention layer."""
     dh = cfg.dim_head
-    p = cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * dh + cfg.n_heads * dh * cfg.d_model
-    return p + (2 * dh if cfg.qk_norm else 0) + 2 * cfg.d_model  # qk norms + two block norms
+    return cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * dh + cfg.n_heads * dh * cfg.d_model
+
+
+def _attn_params(cfg: ModelConfig) -> int:
+    qk_norms = 2 * cfg.dim_head if cfg.qk_norm else 0
+    return _attn_matmul_params(cfg) + qk_norms + 2 * cfg.d_model  # + the block's two norms
 
 
 def _swiglu_params(d: int, f: int) -> int:
@@ -112,7 +129,16 @@ def count_params(cfg: ModelConfig, subnet: Subnet | None = None, seq_len: int | 
     active_no_emb = active - emb
     matmul = 2.0 * active_no_emb
     ctx = (seq_len + 1) / 2
-    attn = 4.0 * len(subnet.layers) * cfg.n_heads * cfg.dim_head * ctx
+    attn_layer = 4.0 * cfg.n_heads * cfg.dim_head * ctx
+    attn = attn_layer * len(subnet.layers)
+    # Training runs the MTP modules on every token: matmuls of the projection, the block and the
+    # shared head (norm weights are not matmuls), and the block's causal attention core.
+    mtp_block = 2 * d * d + _attn_matmul_params(cfg) + _swiglu_params(d, cfg.d_ff)
+    mtp_flops = cfg.mtp.n_depth * (2.0 * (mtp_block + v * d) + attn_layer)
+    # The trunk's matmuls: the active parameters without the norm weights, with the head's matmul
+    # even when it is tied to the embedding.
+    norm_weights = d + len(subnet.layers) * (_attn_params(cfg) - _attn_matmul_params(cfg))
+    trunk = 2.0 * (active_no_emb - norm_weights + (v * d if cfg.tie_embeddings else 0))
     return ParamReport(
         total_params=total,
         active_params=active,
@@ -121,6 +147,8 @@ def count_params(cfg: ModelConfig, subnet: Subnet | None = None, seq_len: int | 
         flops_per_token=matmul + attn,
         matmul_flops_per_token=matmul,
         attn_flops_per_token=attn,
+        mtp_flops_per_token=mtp_flops,
+        train_flops_per_token=3.0 * (trunk + attn + mtp_flops),
         seq_len=seq_len,
         n_layers=len(subnet.layers),
         top_k=subnet.top_k,

@@ -35,6 +35,11 @@ def test_bench_train_reports_mfu_and_the_peer():
     assert set(phases) == {"forward", "backward", "optimizer"}
     assert sum(phases.values()) == pytest.approx(out["step_ms"], rel=0.5)
     assert out["mfu"] < out["mfu_ceiling_optimizer_only"]
+    # The model-FLOPs MFU credits the MTP module and the attention cores on top of 6N.
+    assert out["mfu_model_flops"] / out["mfu"] == pytest.approx(
+        out["train_flops_per_token"] / (6 * out["active_params_no_embedding"])
+    )
+    assert out["mfu_model_flops"] > out["mfu"] and out["peak_gflops"] >= out["peak_gflops_start"]
     assert out["peer"]["fused_adamw"]["tokens_per_s"] > 0
     assert out["speedup_vs_peer_fused_adamw"] == pytest.approx(
         out["tokens_per_s"] / out["peer"]["fused_adamw"]["tokens_per_s"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -59,3 +61,29 @@ def test_subnets_shrink_active_params_and_flops():
     assert k1.total_params == full.total_params and k1.active_params < full.active_params
     assert d.total_params < full.total_params and d.flops_per_token < full.flops_per_token
     assert full.flops_per_token == pytest.approx(full.matmul_flops_per_token + full.attn_flops_per_token)
+
+
+def test_train_flops_match_a_flop_counter_on_a_real_step(monkeypatch):
+    """``train_flops_per_token`` is what a training step's matmuls do: torch's FlopCounterMode over
+    forward + backward (MTP loss included) of the eager micro model, with the naive expert loop so
+    that no padded row is counted. The counter has no formula for CPU attention (PyTorch's fused
+    SDPA), so the causal attention cores, ``4 * heads * head_dim * (T + 1) / 2`` forward FLOPs per
+    token and attention layer (the MTP block's included), are set aside for the comparison."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    monkeypatch.setenv("ERNIE5_KERNELS", "off")
+    b, t = 2, 32
+    for cfg in (_preset("micro"), replace(_preset("micro"), tie_embeddings=True, qk_norm=False)):
+        torch.manual_seed(0)
+        model = Ernie5Model(cfg).train()
+        ids = torch.randint(16, cfg.vocab_size, (b, t + 1))
+        with FlopCounterMode(display=False) as counter:
+            out = model(ids[:, :-1], targets_BT=ids[:, 1:], return_logits=False, dispatch="loop")
+            (out.loss + 0.3 * torch.stack(out.mtp_losses).mean()).backward()
+        rep = count_params(cfg, None, t)
+        cores = 4.0 * cfg.n_heads * cfg.dim_head * (t + 1) / 2 * (cfg.n_layers + cfg.mtp.n_depth)
+        assert counter.get_total_flops() == pytest.approx((rep.train_flops_per_token - 3 * cores) * b * t)
+        assert rep.mtp_flops_per_token > 0
+    no_mtp = count_params(replace(_preset("micro"), mtp=MTPConfig(n_depth=0)), None, t)
+    assert no_mtp.mtp_flops_per_token == 0
+    assert no_mtp.train_flops_per_token < 3 * no_mtp.flops_per_token  # norm weights are not matmuls

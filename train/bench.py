@@ -6,8 +6,11 @@ backward, gradient clipping and AdamW through ``MixedPrecision.step``, aux-free 
 elastic sampling, so every step does the same work), with fp32 master weights and a bf16
 compute replica (``train.precision``), as ``ernie5 train`` runs.
 ``mfu = 6 * active_params_no_embedding * tokens_per_s / peak`` with ``peak`` this machine's bf16
-matmul FLOP/s measured in the same process (perf-anchors.md
-convention: attention-score FLOPs ignored).
+matmul FLOP/s measured in the same process before and after the timed steps, the higher of the two
+(perf-anchors.md §2 and §6: the peer's convention, attention-score FLOPs and the MTP module
+ignored). ``mfu_model_flops`` credits everything the step computes, Megatron-LM's way
+(``ernie5.params``: ``train_flops_per_token``: the MTP module's projection, block and logits, and
+the causal attention cores); the peer, which has no MTP module, is compared on ``mfu``.
 """
 
 from __future__ import annotations
@@ -98,11 +101,14 @@ def bench_train(
     """
     cfg = from_dict(ModelConfig, read_yaml(resolve_config_path("nano"))["model"])
     tune_allocator()
+    peak_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    peak_start = matmul_peak(peak_dtype)
     phases: dict[str, list[float]] = {}
     seconds = _time_step(cfg, dtype, batch_size, seq_len, repeats, True, phases, grad_accum)
+    peak = max(peak_start, matmul_peak(peak_dtype))
     tokens = grad_accum * batch_size * seq_len
-    peak = matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32)
-    active = count_params(cfg, None, seq_len).active_params_no_embedding
+    rep = count_params(cfg, None, seq_len)
+    active = rep.active_params_no_embedding
     tps = tokens / seconds
     flops_per_step = 6 * active * tokens
     phase_ms = {k: statistics.median(v[-repeats:]) * 1e3 for k, v in phases.items()}
@@ -114,8 +120,11 @@ def bench_train(
         "step_ms": seconds * 1e3,
         "tokens_per_s": tps,
         "mfu": flops_per_step / seconds / peak,
+        "mfu_model_flops": rep.train_flops_per_token * tokens / seconds / peak,
         "peak_gflops": peak / 1e9,
+        "peak_gflops_start": peak_start / 1e9,
         "active_params_no_embedding": active,
+        "train_flops_per_token": rep.train_flops_per_token,
         "phase_ms": phase_ms,
         # The MFU the step would have if forward and backward took no time at all: the optimizer
         # phase (gradient accumulation into fp32, clip + AdamW, replica refresh) alone caps it.

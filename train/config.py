@@ -170,7 +170,7 @@ class TrainConfig:
     audio_gen_weight: float = 1.0
     """Weight of the Next-Codec-Prediction loss (mean over levels) next to the text cross-entropy."""
     peak_flops: float = 0.0
-    """Peak FLOP/s for the MFU estimate (0 = measure a bf16 matmul at start)."""
+    """Peak FLOP/s for the MFU estimate (0 = measure the best matmul rate in the run's dtype at start)."""
     init_from: str = ""
     """A checkpoint (or run folder: its newest) whose weights, text tokenizer and frozen media
     models start this run: continued pretraining on another mixture, later SFT. The optimizer, the

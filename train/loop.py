@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from ernie5.bench.timing import machine_peak
 from ernie5.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -40,6 +41,7 @@ from ernie5.checkpoint import (
 from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
 from ernie5.data.root import resolve_data_dir
 from ernie5.distributed import init_dist
+from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE, update_router_bias
 from ernie5.params import count_params
@@ -72,20 +74,6 @@ def _param_groups(model: Ernie5Model, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and "router" not in name else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def measure_peak_flops(dtype: torch.dtype = torch.bfloat16, n: int = 1024, reps: int = 5) -> float:
-    """Median FLOP/s of an ``n x n`` matmul in ``dtype`` (the MFU denominator)."""
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / sorted(times)[reps // 2]
 
 
 def _routing_entropy(counts_E: torch.Tensor, avail_E: torch.Tensor) -> float:
@@ -178,7 +166,7 @@ class Trainer:
         )
         self.moe_layers = {i: b.ffn for i, b in enumerate(self.model.layers) if isinstance(b.ffn, MoE)}
         self.precision = MixedPrecision(self.model, cfg.train.dtype)
-        self.peak = cfg.train.peak_flops or measure_peak_flops(
+        self.peak = cfg.train.peak_flops or machine_peak(
             torch.bfloat16 if self.precision.bf16 else torch.float32
         )
         if self.dist.main:
@@ -349,7 +337,17 @@ class Trainer:
             "avail": avail,
             "tokens": int(valid.sum()),
             "active": count_params(cfg.model, subnet, cfg.data.seq_len).active_params_no_embedding,
+            "flops": self._train_flops(subnet, mtp is not None, mtp is not None and mtp_w > 0),
         }
+
+    def _train_flops(self, subnet: Subnet, mtp_ran: bool, mtp_trained: bool) -> float:
+        """Model FLOPs per token of this micro-batch (``ernie5.params``: ``train_flops_per_token``),
+        less the MTP modules' backward when their loss weight is 0, or all of them when they did
+        not run."""
+        rep = count_params(self.cfg.model, subnet, self.cfg.data.seq_len)
+        return (
+            rep.train_flops_per_token - (0 if mtp_trained else 2 if mtp_ran else 3) * rep.mtp_flops_per_token
+        )
 
     def _allreduce_grads(self) -> None:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -477,6 +475,7 @@ class Trainer:
         n = len(micros)
         tokens = sum(m["tokens"] for m in micros)
         active = sum(m["active"] for m in micros) / n
+        flops = sum(m["flops"] for m in micros) / n
         rec = {
             "step": step,
             "loss": sum(m["loss"] for m in micros) / n,
@@ -486,6 +485,7 @@ class Trainer:
             "tokens": tokens,
             "tokens_per_s": tokens / dt,
             "mfu": 6 * active * tokens / dt / (self.peak * self.dist.world),
+            "mfu_model_flops": flops * tokens / dt / (self.peak * self.dist.world),
             "subnets": [{**m["dims"], "loss": m["loss"]} for m in micros],
         }
         mtps = [m["mtp"] for m in micros if m["mtp"] is not None]

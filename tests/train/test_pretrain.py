@@ -50,6 +50,7 @@ def test_loss_falls_and_the_run_folder_is_complete(tmp_path):
     last = sum(r["loss"] for r in recs[-5:]) / 5
     assert last < first - 0.5
     assert {"step", "loss", "lr", "tokens_per_s", "mfu", "subnets", "routing_entropy"} <= set(recs[-1])
+    assert recs[-1]["mfu_model_flops"] > recs[-1]["mfu"] > 0  # + the MTP module and attention cores
     meta = json.loads((out / "meta.json").read_text())
     assert {"git_hash", "versions", "seed", "argv"} <= set(meta)
     assert (out / "config.yaml").is_file() and (out / "tokenizer.json").is_file()
