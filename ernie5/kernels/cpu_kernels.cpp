@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -123,10 +124,16 @@ std::vector<torch::Tensor> rms_norm_bwd(torch::Tensor dy, torch::Tensor x, torch
 // RMS-normalised with their own weights (when given) and rotated by the half-split RoPE tables
 // cos/sin (B, T, Dh/2), rounded to the activation dtype first, as the eager path does.
 
-template <typename T>
-inline void norm_rope_row(const T* x, T* out, const float* wf, bool norm, float eps, const float* cs,
-                          const float* sn, int64_t dh, float* rstd_out) {
-  int64_t p = dh / 2;
+// DH > 0 fixes the head dim at compile time (32, 64, 128: see with_head_dim), so the short loops over
+// one head are unrolled; DH = 0 is the generic runtime-size version. The rotation is computed into
+// the fp32 scratch row ``tmp`` and rounded in a separate loop: with the rounding in the same loop GCC
+// kept the whole rotation scalar (measured: 1.9 ms per nano layer, now about a quarter of it).
+// ``wf`` is all ones without QK-norm (multiplying by it is exact).
+template <typename T, int DH>
+inline void norm_rope_row(const T* __restrict__ x, T* __restrict__ out, const float* __restrict__ wf, bool norm,
+                          float eps, const float* __restrict__ cs, const float* __restrict__ sn, int64_t dh_,
+                          float* rstd_out, float* __restrict__ tmp) {
+  const int64_t dh = DH > 0 ? DH : dh_, p = dh / 2;
   float rs = 1.f;
   if (norm) {
     float ss = 0.f;
@@ -140,22 +147,29 @@ inline void norm_rope_row(const T* x, T* out, const float* wf, bool norm, float 
   *rstd_out = rs;
 #pragma omp simd
   for (int64_t j = 0; j < p; ++j) {
-    float n1 = to_f(x[j]) * rs, n2 = to_f(x[j + p]) * rs;
-    if (norm) {
-      n1 *= wf[j];
-      n2 *= wf[j + p];
-    }
-    out[j] = from_f<T>(n1 * cs[j] - n2 * sn[j]);
-    out[j + p] = from_f<T>(n2 * cs[j] + n1 * sn[j]);
+    float n1 = to_f(x[j]) * rs * wf[j], n2 = to_f(x[j + p]) * rs * wf[j + p];
+    tmp[j] = n1 * cs[j] - n2 * sn[j];
+    tmp[j + p] = n2 * cs[j] + n1 * sn[j];
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < dh; ++j) out[j] = from_f<T>(tmp[j]);
+}
+
+template <typename F> void with_head_dim(int64_t dh, F&& f) {
+  switch (dh) {
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    default: f(std::integral_constant<int, 0>{});
   }
 }
 
-template <typename T>
+template <typename T, int DH>
 void qk_rope_fwd_impl(const T* qkv, const T* qw, const T* kw, const float* cos, const float* sin, T* q, T* k, T* v,
-                      float* rstd, int64_t b, int64_t t, int64_t h, int64_t kh, int64_t dh, bool norm, float eps) {
-  int64_t p = dh / 2, nh = h + 2 * kh;
+                      float* rstd, int64_t b, int64_t t, int64_t h, int64_t kh, int64_t dh_, bool norm, float eps) {
+  const int64_t dh = DH > 0 ? DH : dh_, p = dh / 2, nh = h + 2 * kh;
   at::parallel_for(0, b * t, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> qwf(dh, 1.f), kwf(dh, 1.f), cs(p), sn(p);
+    std::vector<float> qwf(dh, 1.f), kwf(dh, 1.f), cs(p), sn(p), tmp(dh);
     if (norm)
       for (int64_t j = 0; j < dh; ++j) {
         qwf[j] = to_f(qw[j]);
@@ -169,21 +183,23 @@ void qk_rope_fwd_impl(const T* qkv, const T* qw, const T* kw, const float* cos, 
       }
       const T* row = qkv + r * nh * dh;
       for (int64_t hi = 0; hi < h; ++hi)
-        norm_rope_row(row + hi * dh, q + ((bi * h + hi) * t + ti) * dh, qwf.data(), norm, eps, cs.data(), sn.data(),
-                      dh, rstd + r * (h + kh) + hi);
+        norm_rope_row<T, DH>(row + hi * dh, q + ((bi * h + hi) * t + ti) * dh, qwf.data(), norm, eps, cs.data(),
+                             sn.data(), dh, rstd + r * (h + kh) + hi, tmp.data());
       for (int64_t ki = 0; ki < kh; ++ki) {
-        norm_rope_row(row + (h + ki) * dh, k + ((bi * kh + ki) * t + ti) * dh, kwf.data(), norm, eps, cs.data(),
-                      sn.data(), dh, rstd + r * (h + kh) + h + ki);
+        norm_rope_row<T, DH>(row + (h + ki) * dh, k + ((bi * kh + ki) * t + ti) * dh, kwf.data(), norm, eps,
+                             cs.data(), sn.data(), dh, rstd + r * (h + kh) + h + ki, tmp.data());
         std::memcpy(v + ((bi * kh + ki) * t + ti) * dh, row + (h + kh + ki) * dh, dh * sizeof(T));
       }
     }
   });
 }
 
-template <typename T>
-inline void norm_rope_row_bwd(const T* x, const T* dout, T* dx, const float* wf, float* dwp, bool norm, float rs,
-                              const float* cs, const float* sn, int64_t dh, float* dn) {
-  int64_t p = dh / 2;
+template <typename T, int DH>
+inline void norm_rope_row_bwd(const T* __restrict__ x, const T* __restrict__ dout, T* __restrict__ dx,
+                              const float* __restrict__ wf, float* __restrict__ dwp, bool norm, float rs,
+                              const float* __restrict__ cs, const float* __restrict__ sn, int64_t dh_,
+                              float* __restrict__ dn) {
+  const int64_t dh = DH > 0 ? DH : dh_, p = dh / 2;
 #pragma omp simd
   for (int64_t j = 0; j < p; ++j) {  // transpose of the rotation
     float d1 = to_f(dout[j]), d2 = to_f(dout[j + p]);
@@ -191,6 +207,7 @@ inline void norm_rope_row_bwd(const T* x, const T* dout, T* dx, const float* wf,
     dn[j + p] = d2 * cs[j] - d1 * sn[j];
   }
   if (!norm) {
+#pragma omp simd
     for (int64_t j = 0; j < dh; ++j) dx[j] = from_f<T>(dn[j]);
     return;
   }
@@ -204,14 +221,16 @@ inline void norm_rope_row_bwd(const T* x, const T* dout, T* dx, const float* wf,
   }
   float m = dot / static_cast<float>(dh);
 #pragma omp simd
-  for (int64_t j = 0; j < dh; ++j) dx[j] = from_f<T>(rs * (dn[j] - to_f(x[j]) * rs * m));
+  for (int64_t j = 0; j < dh; ++j) dn[j] = rs * (dn[j] - to_f(x[j]) * rs * m);
+#pragma omp simd
+  for (int64_t j = 0; j < dh; ++j) dx[j] = from_f<T>(dn[j]);  // rounded apart, as in norm_rope_row
 }
 
-template <typename T>
+template <typename T, int DH>
 void qk_rope_bwd_impl(const T* qkv, const T* qw, const T* kw, const float* cos, const float* sin, const float* rstd,
                       const T* dq, const T* dk, const T* dv, T* dqkv, float* dw_parts, int64_t b, int64_t t, int64_t h,
-                      int64_t kh, int64_t dh, bool norm) {
-  int64_t p = dh / 2, nh = h + 2 * kh, rows = b * t;
+                      int64_t kh, int64_t dh_, bool norm) {
+  const int64_t dh = DH > 0 ? DH : dh_, p = dh / 2, nh = h + 2 * kh, rows = b * t;
   int64_t nthreads = at::get_num_threads();
   int64_t chunk = (rows + nthreads - 1) / nthreads;
   at::parallel_for(0, nthreads, 1, [&](int64_t c0, int64_t c1) {
@@ -234,10 +253,10 @@ void qk_rope_bwd_impl(const T* qkv, const T* qw, const T* kw, const float* cos, 
         T* drow = dqkv + r * nh * dh;
         const float* rs = rstd + r * (h + kh);
         for (int64_t hi = 0; hi < h; ++hi)
-          norm_rope_row_bwd(row + hi * dh, dq + ((bi * h + hi) * t + ti) * dh, drow + hi * dh, qwf.data(), dqw, norm,
+          norm_rope_row_bwd<T, DH>(row + hi * dh, dq + ((bi * h + hi) * t + ti) * dh, drow + hi * dh, qwf.data(), dqw, norm,
                             rs[hi], cs.data(), sn.data(), dh, dn.data());
         for (int64_t ki = 0; ki < kh; ++ki) {
-          norm_rope_row_bwd(row + (h + ki) * dh, dk + ((bi * kh + ki) * t + ti) * dh, drow + (h + ki) * dh, kwf.data(),
+          norm_rope_row_bwd<T, DH>(row + (h + ki) * dh, dk + ((bi * kh + ki) * t + ti) * dh, drow + (h + ki) * dh, kwf.data(),
                             dkw, norm, rs[h + ki], cs.data(), sn.data(), dh, dn.data());
           std::memcpy(drow + (h + kh + ki) * dh, dv + ((bi * kh + ki) * t + ti) * dh, dh * sizeof(T));
         }
@@ -265,14 +284,18 @@ std::vector<torch::Tensor> qk_norm_rope_fwd(torch::Tensor qkv, torch::Tensor qw,
   auto k = torch::empty({b, kh, t, dh}, qkv.options());
   auto v = torch::empty({b, kh, t, dh}, qkv.options());
   auto rstd = torch::empty({b, t, h + kh}, qkv.options().dtype(torch::kFloat));
-  if (dt == torch::kBFloat16)
-    qk_rope_fwd_impl(ptr<uint16_t>(qkv), norm ? ptr<uint16_t>(qw) : nullptr, norm ? ptr<uint16_t>(kw) : nullptr,
-                     ptr<float>(cos), ptr<float>(sin), ptr<uint16_t>(q), ptr<uint16_t>(k), ptr<uint16_t>(v),
-                     ptr<float>(rstd), b, t, h, kh, dh, norm, eps);
-  else
-    qk_rope_fwd_impl(ptr<float>(qkv), norm ? ptr<float>(qw) : nullptr, norm ? ptr<float>(kw) : nullptr,
-                     ptr<float>(cos), ptr<float>(sin), ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(rstd), b,
-                     t, h, kh, dh, norm, eps);
+  with_head_dim(dh, [&](auto fixed) {
+    constexpr int DH = decltype(fixed)::value;
+    if (dt == torch::kBFloat16)
+      qk_rope_fwd_impl<uint16_t, DH>(ptr<uint16_t>(qkv), norm ? ptr<uint16_t>(qw) : nullptr,
+                                     norm ? ptr<uint16_t>(kw) : nullptr, ptr<float>(cos), ptr<float>(sin),
+                                     ptr<uint16_t>(q), ptr<uint16_t>(k), ptr<uint16_t>(v), ptr<float>(rstd), b, t, h, kh,
+                                     dh, norm, eps);
+    else
+      qk_rope_fwd_impl<float, DH>(ptr<float>(qkv), norm ? ptr<float>(qw) : nullptr, norm ? ptr<float>(kw) : nullptr,
+                                  ptr<float>(cos), ptr<float>(sin), ptr<float>(q), ptr<float>(k), ptr<float>(v),
+                                  ptr<float>(rstd), b, t, h, kh, dh, norm, eps);
+  });
   return {q, k, v, rstd};
 }
 
@@ -289,14 +312,18 @@ std::vector<torch::Tensor> qk_norm_rope_bwd(torch::Tensor qkv, torch::Tensor qw,
   int64_t b = qkv.size(0), t = qkv.size(1), dh = qkv.size(3), h = dq.size(1), kh = dk.size(1);
   auto dqkv = torch::empty_like(qkv);
   auto parts = torch::zeros({at::get_num_threads(), 2, dh}, qkv.options().dtype(torch::kFloat));
-  if (dt == torch::kBFloat16)
-    qk_rope_bwd_impl(ptr<uint16_t>(qkv), norm ? ptr<uint16_t>(qw) : nullptr, norm ? ptr<uint16_t>(kw) : nullptr,
-                     ptr<float>(cos), ptr<float>(sin), ptr<float>(rstd), ptr<uint16_t>(dq), ptr<uint16_t>(dk),
-                     ptr<uint16_t>(dv), ptr<uint16_t>(dqkv), ptr<float>(parts), b, t, h, kh, dh, norm);
-  else
-    qk_rope_bwd_impl(ptr<float>(qkv), norm ? ptr<float>(qw) : nullptr, norm ? ptr<float>(kw) : nullptr,
-                     ptr<float>(cos), ptr<float>(sin), ptr<float>(rstd), ptr<float>(dq), ptr<float>(dk), ptr<float>(dv),
-                     ptr<float>(dqkv), ptr<float>(parts), b, t, h, kh, dh, norm);
+  with_head_dim(dh, [&](auto fixed) {
+    constexpr int DH = decltype(fixed)::value;
+    if (dt == torch::kBFloat16)
+      qk_rope_bwd_impl<uint16_t, DH>(ptr<uint16_t>(qkv), norm ? ptr<uint16_t>(qw) : nullptr,
+                                     norm ? ptr<uint16_t>(kw) : nullptr, ptr<float>(cos), ptr<float>(sin),
+                                     ptr<float>(rstd), ptr<uint16_t>(dq), ptr<uint16_t>(dk), ptr<uint16_t>(dv),
+                                     ptr<uint16_t>(dqkv), ptr<float>(parts), b, t, h, kh, dh, norm);
+    else
+      qk_rope_bwd_impl<float, DH>(ptr<float>(qkv), norm ? ptr<float>(qw) : nullptr, norm ? ptr<float>(kw) : nullptr,
+                                  ptr<float>(cos), ptr<float>(sin), ptr<float>(rstd), ptr<float>(dq), ptr<float>(dk),
+                                  ptr<float>(dv), ptr<float>(dqkv), ptr<float>(parts), b, t, h, kh, dh, norm);
+  });
   auto dw = parts.sum(0);
   return {dqkv, dw[0], dw[1]};
 }

@@ -78,14 +78,15 @@ def _qk_reference(qkv, q_w, k_w, cos, sin, h, k, eps):
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qk_norm", [True, False])
-def test_qk_norm_rope_matches_eager(dtype, qk_norm):
+@pytest.mark.parametrize("dh", [16, 32, 48, 64, 128])  # 32, 64, 128 have compile-time head-dim kernels
+def test_qk_norm_rope_matches_eager(dtype, qk_norm, dh):
     torch.manual_seed(0)
-    b, t, h, k, dh = 2, 9, 4, 2, 16
+    b, t, h, k = 2, 9, 4, 2
     qkv = torch.randn(b, t, h + 2 * k, dh).to(dtype).requires_grad_()
     weights = [(torch.rand(dh) + 0.5).to(dtype).requires_grad_() for _ in range(2)] if qk_norm else []
     # Uni-RoPE with distinct (t, h, w) positions, so every section of the tables differs.
     pos = torch.stack([torch.randint(0, 50, (b, t)) for _ in range(3)])
-    cos, sin = rope_cos_sin(pos, inv_frequencies(dh, 1e4), (4, 2, 2))
+    cos, sin = rope_cos_sin(pos, inv_frequencies(dh, 1e4), (dh // 4, dh // 8, dh // 8))
     grads_out = [torch.randn(b, n, t, dh).to(dtype) for n in (h, k, k)]
     q_w, k_w = weights or (None, None)
 
