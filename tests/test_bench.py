@@ -28,8 +28,8 @@ def test_bench_train_reports_mfu_and_the_peer():
     pytest.importorskip("transformers")
     from train.bench import bench_train
 
-    out = bench_train(repeats=1, peer=True, grad_accum=2)
-    assert out["tokens_per_step"] == 2 * 8 * 256 and out["grad_accum"] == 2
+    out = bench_train(repeats=1, peer=True, grad_accum=2, warmup=2)
+    assert out["tokens_per_step"] == 2 * 8 * 256 and out["grad_accum"] == 2 and out["warmup_steps"] == 2
     assert out["tokens_per_s"] > 0 and 0 < out["mfu"] < 1
     phases = out["phase_ms"]
     assert set(phases) == {"forward", "backward", "optimizer"}
