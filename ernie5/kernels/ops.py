@@ -125,3 +125,33 @@ def route_topk(
     and get no softmax mass; ties in the selection go to the lower expert index.
     """
     return _RouteTopK.apply(logits_NE, bias_E, mask_E, k, sigmoid, norm, scale)
+
+
+class _RouterLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight):  # noqa: D102
+        x, weight = x.contiguous(), weight.contiguous()
+        ctx.save_for_backward(x, weight)
+        return kernels().router_logits_fwd(x, weight)
+
+    @staticmethod
+    def backward(ctx, d_logits):  # noqa: D102
+        x, weight = ctx.saved_tensors
+        dx, dw = kernels().router_logits_bwd(d_logits.float().contiguous(), x, weight)
+        return dx, dw
+
+
+def router_fusable(x_ND: torch.Tensor, weight_ED: torch.Tensor) -> bool:
+    """Whether :func:`router_logits` can take these: :func:`fusable`, an AVX-512F build, ``d_model`` a
+    multiple of 64 and a multiple of 16 experts, at most 128."""
+    if not fusable(x_ND, weight_ED) or not kernels().router_linear_available():
+        return False
+    (e, d) = weight_ED.shape
+    return x_ND.dim() == 2 and d % 64 == 0 and e % 16 == 0 and e <= 128
+
+
+def router_logits(x_ND: torch.Tensor, weight_ED: torch.Tensor) -> torch.Tensor:
+    """fp32 router logits ``x @ weight^T`` (fp32 products and sums), as ``F.linear(x.float(),
+    weight.float())`` with its gradients (``dx`` in ``x``'s dtype, ``dw`` in ``weight``'s), without
+    the fp32 copies or the fp32 GEMM library, which is slow at this skinny shape."""
+    return _RouterLogits.apply(x_ND, weight_ED)

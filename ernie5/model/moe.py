@@ -16,9 +16,10 @@ Steps of one forward (token-choice, dropless):
   5. Routing statistics (tokens per expert) and optional balance / z losses are returned with the
      output; the layer logs nothing and never updates its own bias (the trainer calls
      :func:`update_router_bias`).
-On CPU, steps 2-3 with the counts, the dispatch into padded levels and the SwiGLU activation
-each run as one fused kernel (:mod:`ernie5.kernels`; the eager code below is the fallback and
-the parity reference); runs with a balance or z loss keep the eager router, which they need.
+On CPU, step 1 (fp32 sums of the bf16 products, without fp32 copies), steps 2-3 with the counts,
+the dispatch into padded levels and the SwiGLU activation each run as one fused kernel
+(:mod:`ernie5.kernels`; the eager code below is the fallback and the parity reference); runs with
+a balance or z loss keep the eager steps 2-3, which they need.
 
 Expert compute paths (identical semantics, chosen by ``dispatch``):
   * ``loop``: the naive reference, one SwiGLU call per expert on the rows routed to it.
@@ -109,7 +110,10 @@ def route(
 ) -> RouterOutput:
     """Token-choice top-k routing. ``seq_len`` groups rows into sequences for the balance loss."""
     with torch.autocast(x_ND.device.type, enabled=False):  # fp32 logits under autocast too
-        logits_NE = F.linear(x_ND.float(), weight_ED.float())
+        if ops.router_fusable(x_ND, weight_ED):
+            logits_NE = ops.router_logits(x_ND, weight_ED)
+        else:
+            logits_NE = F.linear(x_ND.float(), weight_ED.float())
     needs_scores = torch.is_grad_enabled() and (cfg.aux_loss_coef > 0 or cfg.z_loss_coef > 0)
     if not needs_scores and ops.fusable(logits_NE):  # steps 2-3 and the counts in one pass
         ids, gates, counts = ops.route_topk(

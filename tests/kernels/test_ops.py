@@ -363,3 +363,53 @@ def test_a_failed_build_is_not_retried_by_every_process(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="an earlier build failed .*Python.h.* to retry"):
         kernels_pkg._build()
     assert len(calls) == 1
+
+
+needs_router_kernel = pytest.mark.skipif(
+    kernels() is None or not kernels().router_linear_available(), reason="the router kernel needs AVX-512F"
+)
+
+
+@needs_router_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,d,e", [(2048, 256, 64), (7, 64, 16), (5, 128, 128), (33, 192, 48)])
+def test_router_logits_match_fp32_linear(dtype, n, d, e):
+    """The fused router logits are ``F.linear(x.float(), w.float())`` with the same gradients."""
+    torch.manual_seed(0)
+    x = torch.randn(n, d).to(dtype).requires_grad_()
+    w = (torch.randn(e, d) * 0.05).to(dtype).requires_grad_()
+    assert ops.router_fusable(x, w)
+    g = torch.randn(n, e)
+    out, grads = _grads(lambda x, w: (ops.router_logits(x, w),), [x, w], [g])
+    ref, ref_grads = _grads(lambda x, w: (F.linear(x.float(), w.float()),), [x, w], [g])
+    assert out[0].dtype == torch.float32
+    torch.testing.assert_close(out[0], ref[0], atol=1e-5, rtol=1e-5)  # fp32 sums in another order
+    for a, r in zip(grads, ref_grads):
+        assert a.dtype == dtype
+        scale = r.float().abs().max()
+        tol = 8e-3 if dtype == torch.bfloat16 else 1e-5  # one bf16 rounding step either way
+        torch.testing.assert_close(a.float() / scale, r.float() / scale, atol=tol, rtol=0)
+
+
+@needs_router_kernel
+def test_router_logits_do_not_depend_on_the_thread_count():
+    torch.manual_seed(0)
+    x = torch.randn(300, 256).to(torch.bfloat16)
+    w = (torch.randn(64, 256) * 0.05).to(torch.bfloat16)
+    g = torch.randn(300, 64)
+    k, threads = kernels(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [k.router_logits_fwd(x, w), *k.router_logits_bwd(g, x, w)]
+        torch.set_num_threads(2)
+        two = [k.router_logits_fwd(x, w), *k.router_logits_bwd(g, x, w)]
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)
+
+
+def test_router_falls_back_where_the_kernel_does_not_fit():
+    x = torch.randn(4, 64)
+    assert not ops.router_fusable(x, torch.randn(8, 64))  # 8 experts: not a multiple of 16
+    assert not ops.router_fusable(x, torch.randn(16, 64, dtype=torch.bfloat16))  # mixed dtypes
