@@ -5,10 +5,11 @@ activation through memory. ``cpu_kernels.cpp`` does each chain in one pass (fp32
 fp32 storage), and ``cpu_attention.cpp`` holds the fused bf16 training attention, forward and
 backward (AMX / AVX512-BF16; see :class:`ernie5.model.attention._FusedAttention`): RMSNorm, the
 attention prologue (split of the packed q/k/v projection, QK-norm, RoPE, heads-first layout), the
-MoE router (scores, biased top-k, gates, counts), the dispatch into padded levels, the gather of
-token rows into them and the combine back, the gated SwiGLU activation of the batched experts, the
-cross-entropy rows of the output head (log-sum-exp, NLL and the logit gradient in place), each
-with its backward where it has one, and the mixed-precision AdamW step (``train.precision``).
+MoE router (fp32 logits from bf16 without fp32 copies; scores, biased top-k, gates, counts), the
+dispatch into padded levels, the gather of token rows into them and the combine back, the gated
+SwiGLU activation of the batched experts, the cross-entropy rows of the output head (log-sum-exp,
+NLL and the logit gradient in place), each with its backward where it has one, and the mixed-
+precision AdamW step (``train.precision``).
 Measured here at the nano shape in bf16 (forward + backward): RMSNorm over ``(8, 256, 256)`` 1.6
 -> 0.3 ms, the attention prologue 3.7 -> 1.0 ms, the MoE activation ~2.7 -> 1.1 ms per layer, the
 MoE gathers and combines 1.1 -> 0.4 ms per layer, the cross-entropy rows of ``(2048, 4096)``
