@@ -44,3 +44,18 @@ def test_bench_train_reports_mfu_and_the_peer():
     assert out["speedup_vs_peer_fused_adamw"] == pytest.approx(
         out["tokens_per_s"] / out["peer"]["fused_adamw"]["tokens_per_s"]
     )
+
+
+def test_bench_decode_reports_paired_speedups_for_every_subnet():
+    from ernie5.bench.decode import SUBNETS, bench_decode
+
+    out = bench_decode(repeats=2, new_tokens=4, prompt_len=8, dtypes=("fp32",))
+    rows = out["subnets"]
+    assert [r["spec"].split(" ")[0] for r in rows] == list(SUBNETS)
+    full = rows[0]
+    assert full["speedup"] == 1.0 and full["ideal_speedup"] == 1.0 and full["gain_fraction_of_ideal"] is None
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["prefill_ms"] > 0 and r["active_params"] > 0
+        assert r["fraction_of_ideal"] == pytest.approx(r["speedup"] / r["ideal_speedup"])
+    k = next(r for r in rows if r["spec"] == "k0.25")
+    assert k["ideal_speedup"] > 1 and k["active_params"] < full["active_params"]
