@@ -17,7 +17,9 @@ so the padded levels carry idle rows). In training the aux-free bias flattens th
 tens of steps, so each row also reports the same layer after ``settle_steps`` bias updates on the
 bench input (the training rule at the report's initial speed 1e-4, on an fp32 copy of the bias as
 the trainer's master keeps it):
-``moe_ms_settled``, ``dense_equiv_ratio_settled`` and ``load_max_over_mean_settled``.
+``moe_ms_settled``, ``dense_equiv_ratio_settled`` and ``load_max_over_mean_settled``. The layer,
+its settled copy and the dense chain are timed in alternating rounds
+(:func:`ernie5.bench.timing.alternating_medians`), so their ratios compare runs taken moments apart.
 
 Two ceilings, measured in the same process, say how far a layer built on these batched GEMMs
 (oneDNN, unfused activations) could go:
@@ -34,12 +36,13 @@ Two ceilings, measured in the same process, say how far a layer built on these b
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-from ernie5.bench.timing import environment, matmul_peak, median_seconds
+from ernie5.bench.timing import alternating_medians, environment, matmul_peak, median_seconds
 from ernie5.model.config import MoEConfig
 from ernie5.model.moe import MoE, update_router_bias
 
@@ -150,17 +153,25 @@ def bench_moe(
         layer = MoE(d_model, cfg).to(dtype)
         layer.load_state_dict(base.state_dict())
         x = x0.to(dtype).requires_grad_()
-        moe_s = median_seconds(_moe_step(layer, x, "sorted", autocast), repeats)
-        dense_s = median_seconds(_dense_step(rows, d_model, cfg.d_expert, dtype, autocast), repeats)
+        load = _load_ratio(layer, x.detach())
+        settled = copy.deepcopy(layer)
+        _settle_router(settled, x.detach(), settle_steps)
+        timed = alternating_medians(
+            {
+                "moe": _moe_step(layer, x, "sorted", autocast),
+                "settled": _moe_step(settled, x, "sorted", autocast),
+                "dense": _dense_step(rows, d_model, cfg.d_expert, dtype, autocast),
+            },
+            repeats,
+        )
+        moe_s, settled_s, dense_s = timed["moe"], timed["settled"], timed["dense"]
         loop_s = median_seconds(_moe_step(layer, x, "loop", autocast), loop_repeats, warmup=1)
         gemm_dtype = torch.bfloat16 if autocast else dtype  # autocast runs the experts in bf16
         if gemm_dtype not in ceilings:
             steps = _gemm_steps(rows, d_model, cfg.d_expert, cfg.n_experts, gemm_dtype)
-            ceilings[gemm_dtype] = tuple(median_seconds(fn, repeats) for fn in steps)
+            timed = alternating_medians(dict(zip(("experts", "dense"), steps)), repeats)
+            ceilings[gemm_dtype] = (timed["experts"], timed["dense"])
         gemm_s, dense_gemm_s = ceilings[gemm_dtype]
-        load = _load_ratio(layer, x.detach())
-        _settle_router(layer, x.detach(), settle_steps)
-        settled_s = median_seconds(_moe_step(layer, x, "sorted", autocast), repeats)
         out[name] = {
             "moe_ms": moe_s * 1e3,
             "dense_ms": dense_s * 1e3,
@@ -172,7 +183,7 @@ def bench_moe(
             "load_max_over_mean": load,
             "moe_ms_settled": settled_s * 1e3,
             "dense_equiv_ratio_settled": dense_s / settled_s,
-            "load_max_over_mean_settled": _load_ratio(layer, x.detach()),
+            "load_max_over_mean_settled": _load_ratio(settled, x.detach()),
             "gemm_only_ms": gemm_s * 1e3,
             "dense_gemm_ms": dense_gemm_s * 1e3,
             "dense_equiv_ratio_gemm_only": dense_s / gemm_s,

@@ -25,6 +25,24 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 2) 
     return statistics.median(times)
 
 
+def alternating_medians(
+    fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 2
+) -> dict[str, float]:
+    """Median wall time of each of ``fns``, timed in alternating rounds (one run of each per round
+    after ``warmup`` untimed rounds), so that ratios between them compare runs taken moments apart:
+    on a shared VM, contention comes in bursts that would otherwise land on one side only."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(max(1, repeats)):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
     """Median FLOP/s of ``repeats`` timed ``n x n @ n x n`` products in ``dtype`` after three
     untimed ones: the machine peak of perf-anchors.md §2, so that MFU figures sit next to the
