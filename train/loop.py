@@ -41,10 +41,9 @@ from ernie5.checkpoint import (
 from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
 from ernie5.data.root import resolve_data_dir
 from ernie5.distributed import init_dist
-from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE, update_router_bias
-from ernie5.params import count_params
+from ernie5.params import ParamReport, count_params
 from ernie5.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
 from ernie5.sequence import MODALITIES
 from ernie5.tokenizers.text import TextTokenizer
@@ -74,6 +73,12 @@ def _param_groups(model: Ernie5Model, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and "router" not in name else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _train_flops(rep: ParamReport, mtp_ran: bool, mtp_trained: bool) -> float:
+    """Model FLOPs per token of a micro-batch (``ernie5.params``: ``train_flops_per_token``), less
+    the MTP modules' backward when their loss weight is 0, or all of them when they did not run."""
+    return rep.train_flops_per_token - (0 if mtp_trained else 2 if mtp_ran else 3) * rep.mtp_flops_per_token
 
 
 def _routing_entropy(counts_E: torch.Tensor, avail_E: torch.Tensor) -> float:
@@ -323,6 +328,7 @@ class Trainer:
         for i in self.moe_layers:
             mask = subnet.expert_mask(i, cfg.model.moe.n_experts, torch.device("cpu"))
             avail[i] = mask if mask is not None else torch.ones(cfg.model.moe.n_experts, dtype=torch.bool)
+        rep = count_params(cfg.model, subnet, cfg.data.seq_len)
         return {
             "loss": float(out.loss.detach()),
             "total": float(total.detach()),
@@ -336,18 +342,9 @@ class Trainer:
             "counts": counts,
             "avail": avail,
             "tokens": int(valid.sum()),
-            "active": count_params(cfg.model, subnet, cfg.data.seq_len).active_params_no_embedding,
-            "flops": self._train_flops(subnet, mtp is not None, mtp is not None and mtp_w > 0),
+            "active": rep.active_params_no_embedding,
+            "flops": _train_flops(rep, mtp is not None, mtp is not None and mtp_w > 0),
         }
-
-    def _train_flops(self, subnet: Subnet, mtp_ran: bool, mtp_trained: bool) -> float:
-        """Model FLOPs per token of this micro-batch (``ernie5.params``: ``train_flops_per_token``),
-        less the MTP modules' backward when their loss weight is 0, or all of them when they did
-        not run."""
-        rep = count_params(self.cfg.model, subnet, self.cfg.data.seq_len)
-        return (
-            rep.train_flops_per_token - (0 if mtp_trained else 2 if mtp_ran else 3) * rep.mtp_flops_per_token
-        )
 
     def _allreduce_grads(self) -> None:
         params = [p for p in self.model.parameters() if p.requires_grad]
