@@ -59,3 +59,14 @@ def test_bench_decode_reports_paired_speedups_for_every_subnet():
         assert r["fraction_of_ideal"] == pytest.approx(r["speedup"] / r["ideal_speedup"])
     k = next(r for r in rows if r["spec"] == "k0.25")
     assert k["ideal_speedup"] > 1 and k["active_params"] < full["active_params"]
+
+
+def test_alternating_medians_times_each_function_in_turn():
+    from ernie5.bench.timing import alternating_medians
+
+    calls: list[str] = []
+    out = alternating_medians(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=1
+    )
+    assert set(out) == {"a", "b"} and all(v >= 0 for v in out.values())
+    assert calls == ["a", "b"] * 4  # one warm-up round, then three timed rounds, alternating
