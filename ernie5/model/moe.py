@@ -342,6 +342,15 @@ def _dispatch_eager(r: RouterOutput, n_tokens: int, plan: list[tuple[int, bool]]
     return Dispatch(levels, slot_of_pair)
 
 
+def _level_rows(src_ND: torch.Tensor, src_pad: torch.Tensor | None, lv: _Level, e: int) -> torch.Tensor:
+    """The token rows of level ``lv`` as ``(E, C, D)``, pad slots zero: the fused gather from
+    ``src_ND``, or (``src_pad`` given: ``src_ND`` with a zero row appended) the eager one."""
+    d = src_ND.shape[1]
+    if src_pad is None:
+        return kernels().gather_rows(src_ND, lv.tok_EC).view(e, lv.cap, d)
+    return src_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
+
+
 class _GroupedSwiGLU(torch.autograd.Function):
     """Gated SwiGLU experts over padded levels, with a hand-written backward.
 
@@ -378,10 +387,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         for lv in plan.levels:
             w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
-            if fused:
-                x_ECD = kernels().gather_rows(x_ND, lv.tok_EC).view(e, lv.cap, d)
-            else:
-                x_ECD = x_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
+            x_ECD = _level_rows(x_ND, None if fused else x_pad, lv, e)
             h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
             gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
             if fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
@@ -421,10 +427,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         for lv, (x_ECD, h_EFC, gated_EFC, gate_E1C, acts, sub) in zip(ctx.plan.levels, ctx.saved):
             w13, w2 = sub or (w13_EFD, w2_EDF)
             e = w13.shape[0]
-            if fused:
-                dy_ECD = kernels().gather_rows(dy_ND, lv.tok_EC).view(e, lv.cap, d)
-            else:
-                dy_ECD = dy_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
+            dy_ECD = _level_rows(dy_ND, None if fused else dy_pad, lv, e)
             d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
             d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
             if fused:
