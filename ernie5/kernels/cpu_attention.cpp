@@ -410,9 +410,7 @@ void bwd_impl(const uint16_t* dO, const uint16_t* q, const uint16_t* k, const ui
           for (int r = 0; r < nr; ++r) {
             __m512 acc = _mm512_setzero_ps();
             for (int n = 0; n < ND; ++n) {
-              __m256i ob = _mm256_loadu_si256((const __m256i*)(o + off + r * D + n * 16));
-              __m512 of = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ob), 16));
-              acc = _mm512_fmadd_ps(_mm512_loadu_ps(dOf.data() + r * D + n * 16), of, acc);
+              acc = _mm512_fmadd_ps(_mm512_loadu_ps(dOf.data() + r * D + n * 16), load16(o + off + r * D + n * 16), acc);
             }
             Di[r] = _mm512_reduce_add_ps(acc);
           }

@@ -1,8 +1,13 @@
-// Scalar helpers shared by cpu_kernels.cpp and cpu_attention.cpp: bf16 <-> fp32 conversion
-// (bf16 handled as raw uint16 bits), a vectorisable exp, raw data pointers and input checks.
+// Helpers shared by cpu_kernels.cpp and cpu_attention.cpp: bf16 <-> fp32 conversion (bf16
+// handled as raw uint16 bits; scalar, and 16 lanes on AVX-512), a vectorisable exp, raw data
+// pointers and input checks.
 #pragma once
 
 #include <torch/extension.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -47,6 +52,23 @@ inline float exp_f(float x) {
   std::memcpy(&scale, &bits, 4);
   return e * scale;
 }
+
+#if defined(__AVX512F__)
+// 16 lanes at a time: load as fp32 (bf16 widened exactly) and store rounded like from_f.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(uint16_t* p, __m512 v) {  // from_f<uint16_t> on 16 lanes: nearest even, NaN -> 0x7FC0
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+#endif
 
 // Stored element type of a tensor: bf16 is handled as raw uint16 bits.
 template <typename T> inline T* ptr(const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }

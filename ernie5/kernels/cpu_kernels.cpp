@@ -11,9 +11,6 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "cpu_common.h"
 
@@ -883,20 +880,6 @@ torch::Tensor ce_rows(torch::Tensor logits, torch::Tensor targets, torch::Tensor
 // built. Every output element is one fixed-order sum, so results do not depend on the thread count.
 
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(uint16_t* p, __m512 v) {  // from_f<uint16_t> on 16 lanes: nearest even, NaN -> 0x7FC0
-  __m512i u = _mm512_castps_si512(v);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-}
-
 // NE = E / 16 accumulators per row, R rows at a time; wt is (D, E) fp32, xf an (R, D) fp32 scratch.
 template <typename T, int NE, int R>
 void router_fwd_rows(const T* x, const float* wt, float* out, int64_t d, int64_t e, float* xf) {
