@@ -1053,6 +1053,14 @@ std::vector<torch::Tensor> router_logits_bwd(torch::Tensor, torch::Tensor, torch
 // cpu_attention.cpp (same extension)
 bool attention_available();
 bool attention_amx();
+// cpu_expert_gemm.cpp (same extension)
+bool expert_gemm_available();
+torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n);
+torch::Tensor expert_down(torch::Tensor w2, torch::Tensor g, torch::Tensor n);
+torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n);
+torch::Tensor expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n);
+torch::Tensor expert_up_dx(torch::Tensor dh, torch::Tensor w13, torch::Tensor n);
+torch::Tensor expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n);
 std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
                                     bool allow_amx);
 std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,
@@ -1076,6 +1084,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("router_linear_available", &router_linear_available);
   m.def("router_logits_fwd", &router_logits_fwd);
   m.def("router_logits_bwd", &router_logits_bwd);
+  m.def("expert_gemm_available", &expert_gemm_available);
+  m.def("expert_up", &expert_up);
+  m.def("expert_down", &expert_down);
+  m.def("expert_down_dx", &expert_down_dx);
+  m.def("expert_down_dw", &expert_down_dw);
+  m.def("expert_up_dx", &expert_up_dx);
+  m.def("expert_up_dw", &expert_up_dw);
   m.def("attention_available", &attention_available);
   m.def("attention_amx", &attention_amx);
   m.def("attn_fwd", &attn_fwd);

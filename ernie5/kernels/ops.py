@@ -141,6 +141,17 @@ class _RouterLogits(torch.autograd.Function):
         return dx, dw
 
 
+def expert_gemm_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor) -> bool:
+    """Whether the padding-skipping expert GEMMs (``cpu_expert_gemm.cpp``) can take these: bf16
+    on CPU, an AVX512-BF16 build, and even ``d_model`` and ``d_expert`` that are multiples of 16."""
+    if x_ND.dtype != torch.bfloat16 or not fusable(x_ND, w13_EFD, w2_EDF):
+        return False
+    if not kernels().expert_gemm_available():
+        return False
+    d, f = w2_EDF.shape[1], w2_EDF.shape[2]
+    return d % 16 == 0 and f % 16 == 0
+
+
 def router_fusable(x_ND: torch.Tensor, weight_ED: torch.Tensor) -> bool:
     """Whether :func:`router_logits` can take these: :func:`fusable`, an AVX-512F build, ``d_model`` a
     multiple of 64 and a multiple of 16 experts, at most 128."""

@@ -29,7 +29,10 @@ Expert compute paths (identical semantics, chosen by ``dispatch``):
     rows of every expert, level 2 the next rows of the experts that have more, and so on (at most
     three levels, chosen by a measured cost model: :func:`plan_levels`). No row is dropped.
     Padded row counts are multiples of 16 and subset expert counts multiples of
-    4, so GEMM shapes recur across steps and oneDNN reuses its JIT kernels.
+    4, so GEMM shapes recur across steps and oneDNN reuses its JIT kernels. In bf16 on a CPU with
+    AVX512-BF16 the six GEMMs are instead the kernels of ``ernie5/kernels/cpu_expert_gemm.cpp``,
+    which compute only each expert's routed rows: padding then costs memory, not arithmetic, so
+    the plan is a single level as deep as the busiest expert (:func:`plan_dispatch`).
   * ``gather``: for a handful of pairs (decoding) the selected experts' weights are gathered and
     multiplied per pair; used automatically at inference when ``n_pairs <= 16``.
 
@@ -254,6 +257,9 @@ class _Level:
     """Token row of each slot; pad slots point at the zero row ``N``."""
     pair_EC: torch.Tensor
     """Index into the flattened (token, slot) gates; pad slots point at the dummy entry ``N*A``."""
+    valid_E: torch.Tensor | None = None
+    """Routed rows of each of the level's experts (the rest of its ``cap`` slots are padding), for
+    the expert GEMMs that skip padding; None where the level runs through ``torch.bmm``."""
 
     def weights(self, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This level's expert weights (gathered for a subset level)."""
@@ -271,13 +277,19 @@ class Dispatch:
     """``(N * A,)``: each pair's slot in the concatenation of the levels' ``rows x cap`` slots."""
 
 
-def plan_dispatch(r: RouterOutput, n_tokens: int) -> Dispatch:
+def plan_dispatch(r: RouterOutput, n_tokens: int, skip_padding: bool = False) -> Dispatch:
     """Sort (token, slot) pairs by expert into the padded levels of :func:`plan_levels`.
 
+    With ``skip_padding`` (the expert GEMMs of ``cpu_expert_gemm.cpp``, which compute only each
+    expert's routed rows) padding costs memory but no arithmetic, so the plan is one level over all
+    experts, as deep as the busiest one, and the level carries each expert's row count.
     Pure index arithmetic, no autograd; one pass of the fused CPU kernel where available.
     """
     counts = r.counts_E.tolist()
-    plan = plan_levels(counts)
+    if skip_padding and max(counts, default=0) > 0:
+        plan = [(_round_rows(max(counts)), True)]
+    else:
+        plan = plan_levels(counts)
     if not ops.fusable(r.gates_NA):
         return _dispatch_eager(r, n_tokens, plan)
     n_exp = len(counts)
@@ -298,6 +310,8 @@ def plan_dispatch(r: RouterOutput, n_tokens: int) -> Dispatch:
         _Level(None if full else out[3 * i], hi - lo, out[3 * i + 1], out[3 * i + 2])
         for i, ((hi, full), lo) in enumerate(zip(plan, los))
     ]
+    if skip_padding and levels:
+        levels[0].valid_E = r.counts_E.to(torch.long).contiguous()
     return Dispatch(levels, out[-1])
 
 
@@ -388,11 +402,18 @@ class _GroupedSwiGLU(torch.autograd.Function):
             w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
             x_ECD = _level_rows(x_ND, None if fused else x_pad, lv, e)
-            h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
+            n_E = lv.valid_E
+            if n_E is not None:  # fused, bf16: the GEMMs skip each expert's pad slots
+                h_EFC = kernels().expert_up(w13, x_ECD, n_E)
+            else:
+                h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
             gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
             if fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
                 gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C)
-                y_levels.append(torch.bmm(w2, gated_EFC))  # (E, D, C)
+                if n_E is not None:
+                    y_levels.append(kernels().expert_down(w2, gated_EFC, n_E))  # (E, D, C)
+                else:
+                    y_levels.append(torch.bmm(w2, gated_EFC))
                 acts = None
             else:
                 g, u = h_EFC.chunk(2, dim=1)
@@ -428,8 +449,13 @@ class _GroupedSwiGLU(torch.autograd.Function):
             w13, w2 = sub or (w13_EFD, w2_EDF)
             e = w13.shape[0]
             dy_ECD = _level_rows(dy_ND, None if fused else dy_pad, lv, e)
-            d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
-            d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
+            n_E = lv.valid_E
+            if n_E is not None:
+                d_w2 = kernels().expert_down_dw(dy_ECD, gated_EFC, n_E)
+                d_gated = kernels().expert_down_dx(w2, dy_ECD, n_E)
+            else:
+                d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
+                d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
             if fused:
                 d_h, d_gate_EC = kernels().swiglu_gate_bwd(d_gated, h_EFC, gate_E1C)
                 dg_pad.index_add_(0, lv.pair_EC, d_gate_EC.view(-1))
@@ -442,8 +468,12 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 d_g, d_u = d_h.chunk(2, dim=1)
                 torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
                 torch.mul(d_act, silu_EFC, out=d_u)
-            d_w13 = torch.bmm(d_h, x_ECD)
-            d_x = torch.bmm(d_h.transpose(1, 2), w13)  # (E, C, D), contiguous for the combine
+            if n_E is not None:
+                d_w13 = kernels().expert_up_dw(d_h, x_ECD, n_E)
+                d_x = kernels().expert_up_dx(d_h, w13, n_E)
+            else:
+                d_w13 = torch.bmm(d_h, x_ECD)
+                d_x = torch.bmm(d_h.transpose(1, 2), w13)  # (E, C, D), contiguous for the combine
             if fused:
                 dx_levels.append(d_x)
             else:
@@ -468,7 +498,7 @@ def experts_sorted(
     x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, r: RouterOutput
 ) -> torch.Tensor:
     """Sort pairs by expert, run padded batched GEMMs (capacity + overflow), combine back."""
-    plan = plan_dispatch(r, x_ND.shape[0])
+    plan = plan_dispatch(r, x_ND.shape[0], ops.expert_gemm_fusable(x_ND, w13_EFD, w2_EDF))
     return _GroupedSwiGLU.apply(x_ND, r.gates_NA.reshape(-1), w13_EFD, w2_EDF, plan)
 
 

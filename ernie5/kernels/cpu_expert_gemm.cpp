@@ -1,0 +1,398 @@
+// Batched expert GEMMs that skip padding: the six products of the gated SwiGLU experts
+// (ernie5/model/moe.py, _GroupedSwiGLU) over a padded level, each expert e computing only its
+// n[e] valid token slots of the level's cap. The tensors keep the layouts of the torch.bmm calls
+// they replace (pad slots hold zeros, as bmm on zero pad rows would give), so each product can be
+// swapped in on its own; the pad work (a third of the expert GEMMs of a nano step: caps of 96-112
+// slots for a mean load of 64) is not done.
+//
+// One AVX512-BF16 micro-kernel does every product: C[m, 16 lanes] += A(m, k) . B[k, lanes] over
+// pairs k, with A(m, k) a dword (two bf16 along the reduction) broadcast from any strided layout
+// and B packed as [k][lanes] dwords. Each product packs what it needs per expert into a per-thread
+// buffer (the token operand; for the two input-gradient products also the expert's weight, a pair
+// interleave of 128-256 KB that stays in L2), accumulates in fp32 and rounds once to bf16 (round
+// to nearest even), as oneDNN's bf16 bmm does. Experts are handed out one at a time from a shared
+// counter, so uneven loads do not leave a thread idle.
+//
+// Layouts (E experts, C = cap, D = d_model, F = d_ff, n = valid slots of the expert):
+//   up       h  (E, 2F, C) = w13 (E, 2F, D) @ x^T     x  (E, C, D)
+//   down     y  (E, D, C)  = w2  (E, D, F)  @ g       g  (E, F, C)
+//   down_dx  dg (E, F, C)  = w2^T @ dy^T              dy (E, C, D)
+//   down_dw  dw2 (E, D, F) = dy^T @ g^T               (sum over the n valid slots)
+//   up_dx    dx (E, C, D)  = dh^T @ w13               dh (E, 2F, C)
+//   up_dw    dw13 (E, 2F, D) = dh @ x                 (sum over the n valid slots)
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include "cpu_common.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define ERNIE5_EXPERT_GEMM 1
+#endif
+
+namespace {
+
+using namespace ernie5_kernels;
+
+#ifdef ERNIE5_EXPERT_GEMM
+
+inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
+
+// C[r, 16 j + l] = sum_k A(r, k) . B[k][16 j + l] for r < R, j < Z; A(r, k) at a + r * ars + k * aks.
+// The last vector stores only the lanes in `tail` (a row may end inside it).
+template <int R, int Z>
+inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
+                  uint16_t* c, int64_t ldc, __mmask16 tail) {
+  __m512 acc[R][Z];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int j = 0; j < Z; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < k2; ++k) {
+    __m512bh bv[Z];
+#pragma GCC unroll 3
+    for (int j = 0; j < Z; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + k * ldb + 16 * j);
+    const uint32_t* ak = a + k * aks;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ak[r * ars]));
+#pragma GCC unroll 3
+      for (int j = 0; j < Z; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < Z; ++j) {
+      __m256i o = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
+      __mmask16 m = j == Z - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+      _mm256_mask_storeu_epi16(c + r * ldc + 16 * j, m, o);
+    }
+}
+
+// Rows of a z-vector column chunk in tiles of MRZ rows (24 fp32 accumulators for z = 2, 3, 4),
+// the last partial tile by a smaller instantiation.
+template <int Z, int R>
+inline void tail_rows(int64_t rem, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb,
+                      int64_t k2, uint16_t* c, int64_t ldc, __mmask16 tail) {
+  if constexpr (R > 0) {
+    if (rem == R) micro<R, Z>(a, ars, aks, b, ldb, k2, c, ldc, tail);
+    else tail_rows<Z, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail);
+  }
+}
+
+template <int Z>
+void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
+                uint16_t* c, int64_t ldc, __mmask16 tail) {
+  constexpr int MRZ = Z == 4 ? 6 : Z == 3 ? 8 : Z == 2 ? 12 : 16;
+  int64_t r = 0;
+  for (; r + MRZ <= m; r += MRZ) micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail);
+  tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail);
+}
+
+// C (m x n, row stride ldc, bf16) = A (m x 2 k2) . B (2 k2 x n16 packed as [k2][ldb] dwords), n <= n16.
+// Columns go in chunks of 4, 3 or 2 vectors (a lone vector only when n <= 16), so that no chunk is
+// a single vector, whose 16 rows of broadcasts would outnumber its FMAs.
+void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b,
+          int64_t ldb, uint16_t* c, int64_t ldc) {
+  if (n <= 0 || m <= 0) return;
+  if (k2 == 0) {
+    for (int64_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, uint16_t{0});
+    return;
+  }
+  int64_t v = (n + 15) / 16, n0 = 0;
+  while (v > 0) {
+    // 4s, except a remainder of 5 (3 + 2), 6 (3 + 3) or 9 (3 + 3 + 3 ... via 3 first)
+    int z = v <= 4 ? static_cast<int>(v) : (v == 5 || v == 6 || v % 4 == 1) ? 3 : 4;
+    int64_t w = std::min<int64_t>(16 * z, n - n0);
+    int64_t last = w - 16 * (z - 1);
+    __mmask16 tail = static_cast<__mmask16>(last == 16 ? 0xFFFF : (1u << last) - 1);
+    if (z == 4) chunk_rows<4>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail);
+    else if (z == 3) chunk_rows<3>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail);
+    else if (z == 2) chunk_rows<2>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail);
+    else chunk_rows<1>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail);
+    n0 += 16 * z;
+    v -= z;
+  }
+}
+
+// 16 x 16 dword transpose: dst[k][r] = src[r][k], rows of src ls dwords apart, of dst ld.
+inline void transpose16(const uint32_t* src, int64_t ls, uint32_t* dst, int64_t ld) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ls);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4q + j] holds, in each 128-bit lane L, column 4L + j of rows 4q..4q+3.
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * ld, r[i]);  // r[i]: column i of the 16 rows
+}
+
+// out[k][r] = (src[r, 2k], src[r, 2k+1]) for r < rows (zero for rows <= r < width); elements at
+// or past kv along a row are zero. src rows have stride ld (elements).
+void pack_t(const uint16_t* src, int64_t rows, int64_t ld, int64_t kv, uint32_t* out, int64_t width) {
+  int64_t k2 = (kv + 1) / 2, kf = kv / 2;  // kf whole pairs
+  int64_t r0 = 0;
+  if (ld % 2 == 0 && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {  // rows are dword arrays
+    const uint32_t* s32 = reinterpret_cast<const uint32_t*>(src);
+    int64_t l32 = ld / 2;
+    for (; r0 + 16 <= rows; r0 += 16) {
+      int64_t k = 0;
+      for (; k + 16 <= kf; k += 16) transpose16(s32 + r0 * l32 + k, l32, out + k * width + r0, width);
+      for (; k < kf; ++k)
+        for (int64_t r = r0; r < r0 + 16; ++r) out[k * width + r] = s32[r * l32 + k];
+      if (kv & 1)
+        for (int64_t r = r0; r < r0 + 16; ++r) out[kf * width + r] = pair(src[r * ld + kv - 1], 0);
+    }
+  }
+  for (int64_t r = r0; r < rows; ++r) {
+    const uint16_t* s = src + r * ld;
+    for (int64_t k = 0; k < kf; ++k) out[k * width + r] = pair(s[2 * k], s[2 * k + 1]);
+    if (kv & 1) out[kf * width + r] = pair(s[kv - 1], 0);
+  }
+  for (int64_t k = 0; k < k2; ++k) std::fill(out + k * width + rows, out + k * width + width, 0u);
+}
+
+// out[k][j] = (src[2k, j], src[2k+1, j]) for j < cols (zero for cols <= j < width); rows at or
+// past kv are zero. src rows have stride ld (elements).
+void pack_i(const uint16_t* src, int64_t kv, int64_t ld, int64_t cols, uint32_t* out, int64_t width) {
+  int64_t k2 = (kv + 1) / 2;
+  for (int64_t k = 0; k < k2; ++k) {
+    const uint16_t* s0 = src + 2 * k * ld;
+    const uint16_t* s1 = 2 * k + 1 < kv ? s0 + ld : nullptr;
+    uint32_t* o = out + k * width;
+    if (s1) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) o[j] = pair(s0[j], s1[j]);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) o[j] = pair(s0[j], 0);
+    }
+    std::fill(o + cols, o + width, 0u);
+  }
+}
+
+inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// Runs fn(e, scratch) for every expert, handing experts out one at a time; scratch holds `words`
+// dwords per thread.
+template <typename Fn>
+void for_experts(int64_t n_exp, int64_t words, const Fn& fn) {
+  std::atomic<int64_t> next{0};
+  int64_t nt = std::min<int64_t>(at::get_num_threads(), n_exp);
+  at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<uint32_t> scratch(static_cast<size_t>(words) + 16);
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t e = next.fetch_add(1); e < n_exp; e = next.fetch_add(1)) fn(e, scratch.data());
+  });
+}
+
+void zero_cols(uint16_t* c, int64_t rows, int64_t ldc, int64_t from) {
+  if (from >= ldc) return;
+  for (int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc + from, c + (r + 1) * ldc, uint16_t{0});
+}
+
+std::vector<int64_t> valid_counts(const torch::Tensor& n, int64_t n_exp, int64_t cap) {
+  TORCH_CHECK(n.scalar_type() == torch::kLong && n.numel() == n_exp, "expert gemm: one int64 count per expert expected");
+  auto nc = n.contiguous();
+  const int64_t* p = nc.data_ptr<int64_t>();
+  std::vector<int64_t> out(p, p + n_exp);
+  for (int64_t v : out) TORCH_CHECK(v >= 0 && v <= cap, "expert gemm: valid count ", v, " outside [0, ", cap, "]");
+  return out;
+}
+
+void check3(const torch::Tensor& t, const char* name) {
+  check(t, name, torch::kBFloat16);
+  TORCH_CHECK(t.dim() == 3, name, " must be 3-D");
+}
+
+#endif  // ERNIE5_EXPERT_GEMM
+
+}  // namespace
+
+#ifdef ERNIE5_EXPERT_GEMM
+
+bool expert_gemm_available() { return true; }
+
+// h (E, 2F, C) = w13 (E, 2F, D) @ x (E, C, D)^T over the valid slots.
+torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n) {
+  check3(w13, "w13");
+  check3(x, "x");
+  int64_t e_n = w13.size(0), f2 = w13.size(1), d = w13.size(2), cap = x.size(1);
+  TORCH_CHECK(x.size(0) == e_n && x.size(2) == d && d % 2 == 0, "expert_up: shapes ", w13.sizes(), " and ", x.sizes());
+  auto nv = valid_counts(n, e_n, cap);
+  auto h = torch::empty({e_n, f2, cap}, w13.options());
+  const uint16_t* W = ptr<uint16_t>(w13);
+  const uint16_t* X = ptr<uint16_t>(x);
+  uint16_t* H = ptr<uint16_t>(h);
+  int64_t k2 = d / 2, width = up16(cap);
+  for_experts(e_n, k2 * width, [&](int64_t e, uint32_t* bp) {
+    uint16_t* he = H + e * f2 * cap;
+    int64_t ne = nv[e];
+    pack_t(X + e * cap * d, ne, d, d, bp, up16(ne));
+    gemm(f2, ne, k2, reinterpret_cast<const uint32_t*>(W + e * f2 * d), k2, 1, bp, up16(ne), he, cap);
+    zero_cols(he, f2, cap, ne);
+  });
+  return h;
+}
+
+// y (E, D, C) = w2 (E, D, F) @ g (E, F, C) over the valid slots.
+torch::Tensor expert_down(torch::Tensor w2, torch::Tensor g, torch::Tensor n) {
+  check3(w2, "w2");
+  check3(g, "g");
+  int64_t e_n = w2.size(0), d = w2.size(1), f = w2.size(2), cap = g.size(2);
+  TORCH_CHECK(g.size(0) == e_n && g.size(1) == f && f % 2 == 0, "expert_down: shapes ", w2.sizes(), " and ", g.sizes());
+  auto nv = valid_counts(n, e_n, cap);
+  auto y = torch::empty({e_n, d, cap}, w2.options());
+  const uint16_t* W = ptr<uint16_t>(w2);
+  const uint16_t* G = ptr<uint16_t>(g);
+  uint16_t* Y = ptr<uint16_t>(y);
+  int64_t k2 = f / 2, width = up16(cap);
+  for_experts(e_n, k2 * width, [&](int64_t e, uint32_t* bp) {
+    uint16_t* ye = Y + e * d * cap;
+    int64_t ne = nv[e];
+    pack_i(G + e * f * cap, f, cap, ne, bp, up16(ne));
+    gemm(d, ne, k2, reinterpret_cast<const uint32_t*>(W + e * d * f), k2, 1, bp, up16(ne), ye, cap);
+    zero_cols(ye, d, cap, ne);
+  });
+  return y;
+}
+
+// dg (E, F, C) = w2 (E, D, F)^T @ dy (E, C, D)^T over the valid slots.
+torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n) {
+  check3(w2, "w2");
+  check3(dy, "dy");
+  int64_t e_n = w2.size(0), d = w2.size(1), f = w2.size(2), cap = dy.size(1);
+  TORCH_CHECK(dy.size(0) == e_n && dy.size(2) == d && d % 2 == 0, "expert_down_dx: shapes ", w2.sizes(), " and ",
+              dy.sizes());
+  auto nv = valid_counts(n, e_n, cap);
+  auto dg = torch::empty({e_n, f, cap}, w2.options());
+  const uint16_t* W = ptr<uint16_t>(w2);
+  const uint16_t* DY = ptr<uint16_t>(dy);
+  uint16_t* DG = ptr<uint16_t>(dg);
+  int64_t k2 = d / 2, width = up16(cap);
+  for_experts(e_n, k2 * (width + f), [&](int64_t e, uint32_t* buf) {
+    uint32_t* ap = buf;           // [k2][f]: (w2[2k, f], w2[2k+1, f])
+    uint32_t* bp = buf + k2 * f;  // [k2][n16]: (dy[c, 2k], dy[c, 2k+1])
+    uint16_t* ge = DG + e * f * cap;
+    int64_t ne = nv[e];
+    if (ne > 0) {
+      pack_i(W + e * d * f, d, f, f, ap, f);
+      pack_t(DY + e * cap * d, ne, d, d, bp, up16(ne));
+      gemm(f, ne, k2, ap, 1, f, bp, up16(ne), ge, cap);
+    }
+    zero_cols(ge, f, cap, ne);
+  });
+  return dg;
+}
+
+// dw2 (E, D, F) = dy (E, C, D)^T @ g (E, F, C)^T, summed over the valid slots.
+torch::Tensor expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n) {
+  check3(dy, "dy");
+  check3(g, "g");
+  int64_t e_n = dy.size(0), cap = dy.size(1), d = dy.size(2), f = g.size(1);
+  TORCH_CHECK(g.size(0) == e_n && g.size(2) == cap && f % 16 == 0, "expert_down_dw: shapes ", dy.sizes(), " and ",
+              g.sizes());
+  auto nv = valid_counts(n, e_n, cap);
+  auto dw = torch::empty({e_n, d, f}, dy.options());
+  const uint16_t* DY = ptr<uint16_t>(dy);
+  const uint16_t* G = ptr<uint16_t>(g);
+  uint16_t* DW = ptr<uint16_t>(dw);
+  int64_t k2max = (cap + 1) / 2;
+  for_experts(e_n, k2max * (d + f), [&](int64_t e, uint32_t* buf) {
+    int64_t ne = nv[e], k2 = (ne + 1) / 2;
+    uint32_t* ap = buf;           // [k2][d]: (dy[2k, d], dy[2k+1, d])
+    uint32_t* bp = buf + k2 * d;  // [k2][f]: (g[f, 2k], g[f, 2k+1])
+    pack_i(DY + e * cap * d, ne, d, d, ap, d);
+    pack_t(G + e * f * cap, f, cap, ne, bp, f);
+    gemm(d, f, k2, ap, 1, d, bp, f, DW + e * d * f, f);
+  });
+  return dw;
+}
+
+// dx (E, C, D) = dh (E, 2F, C)^T @ w13 (E, 2F, D) over the valid slots (pad rows zero).
+torch::Tensor expert_up_dx(torch::Tensor dh, torch::Tensor w13, torch::Tensor n) {
+  check3(dh, "dh");
+  check3(w13, "w13");
+  int64_t e_n = dh.size(0), f2 = dh.size(1), cap = dh.size(2), d = w13.size(2);
+  TORCH_CHECK(w13.size(0) == e_n && w13.size(1) == f2 && f2 % 2 == 0 && d % 16 == 0, "expert_up_dx: shapes ",
+              dh.sizes(), " and ", w13.sizes());
+  auto nv = valid_counts(n, e_n, cap);
+  auto dx = torch::empty({e_n, cap, d}, dh.options());
+  const uint16_t* DH = ptr<uint16_t>(dh);
+  const uint16_t* W = ptr<uint16_t>(w13);
+  uint16_t* DX = ptr<uint16_t>(dx);
+  int64_t k2 = f2 / 2;
+  for_experts(e_n, k2 * (cap + d), [&](int64_t e, uint32_t* buf) {
+    int64_t ne = nv[e];
+    uint32_t* ap = buf;             // [k2][ne]: (dh[2k, c], dh[2k+1, c])
+    uint32_t* bp = buf + k2 * cap;  // [k2][d]: (w13[2k, d], w13[2k+1, d])
+    uint16_t* xe = DX + e * cap * d;
+    if (ne > 0) {
+      pack_i(DH + e * f2 * cap, f2, cap, ne, ap, ne);
+      pack_i(W + e * f2 * d, f2, d, d, bp, d);
+      gemm(ne, d, k2, ap, 1, ne, bp, d, xe, d);
+    }
+    std::fill(xe + ne * d, xe + cap * d, uint16_t{0});
+  });
+  return dx;
+}
+
+// dw13 (E, 2F, D) = dh (E, 2F, C) @ x (E, C, D), summed over the valid slots.
+torch::Tensor expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n) {
+  check3(dh, "dh");
+  check3(x, "x");
+  int64_t e_n = dh.size(0), f2 = dh.size(1), cap = dh.size(2), d = x.size(2);
+  TORCH_CHECK(x.size(0) == e_n && x.size(1) == cap && d % 16 == 0, "expert_up_dw: shapes ", dh.sizes(), " and ",
+              x.sizes());
+  auto nv = valid_counts(n, e_n, cap);
+  auto dw = torch::empty({e_n, f2, d}, dh.options());
+  const uint16_t* DH = ptr<uint16_t>(dh);
+  const uint16_t* X = ptr<uint16_t>(x);
+  uint16_t* DW = ptr<uint16_t>(dw);
+  int64_t k2max = (cap + 1) / 2;
+  for_experts(e_n, k2max * (f2 + d), [&](int64_t e, uint32_t* buf) {
+    int64_t ne = nv[e], k2 = (ne + 1) / 2;
+    uint32_t* ap = buf;            // [k2][f2]: (dh[f, 2k], dh[f, 2k+1])
+    uint32_t* bp = buf + k2 * f2;  // [k2][d]: (x[2k, d], x[2k+1, d])
+    pack_t(DH + e * f2 * cap, f2, cap, ne, ap, f2);
+    pack_i(X + e * cap * d, ne, d, d, bp, d);
+    gemm(f2, d, k2, ap, 1, f2, bp, d, DW + e * f2 * d, d);
+  });
+  return dw;
+}
+
+#else
+
+bool expert_gemm_available() { return false; }
+static torch::Tensor unavailable() {
+  TORCH_CHECK(false, "expert gemm: this build has no AVX512-BF16");
+  return {};
+}
+torch::Tensor expert_up(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
+torch::Tensor expert_down(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
+torch::Tensor expert_down_dx(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
+torch::Tensor expert_down_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
+torch::Tensor expert_up_dx(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
+torch::Tensor expert_up_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
+
+#endif

@@ -1,0 +1,140 @@
+"""The padding-skipping expert GEMMs (cpu_expert_gemm.cpp) against torch.bmm, and their use by the MoE."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ernie5.kernels import kernels, ops
+from ernie5.model.config import MoEConfig
+from ernie5.model.moe import MoE, RouterOutput, _round_rows, plan_dispatch
+
+needs_expert_gemm = pytest.mark.skipif(
+    kernels() is None or not kernels().expert_gemm_available(),
+    reason="the expert GEMM kernels need an AVX512-BF16 build",
+)
+bf16 = torch.bfloat16
+
+
+def _operands(n_exp, d, f, cap, counts, seed=0):
+    """bf16 operands of the six products, zero in every pad slot (as the gathers leave them)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(bf16)
+
+    x, dy = rnd(n_exp, cap, d), rnd(n_exp, cap, d)
+    act, dh = rnd(n_exp, f, cap), rnd(n_exp, 2 * f, cap)
+    for e, c in enumerate(counts):
+        x[e, c:], dy[e, c:], act[e, :, c:], dh[e, :, c:] = 0, 0, 0, 0
+    return dict(w13=rnd(n_exp, 2 * f, d), w2=rnd(n_exp, d, f), x=x, dy=dy, g=act, dh=dh)
+
+
+def _products(o):
+    """name -> (kernel call, the torch.bmm it replaces)."""
+    return {
+        "up": (
+            lambda n: kernels().expert_up(o["w13"], o["x"], n),
+            lambda: torch.bmm(o["w13"], o["x"].transpose(1, 2)),
+        ),
+        "down": (lambda n: kernels().expert_down(o["w2"], o["g"], n), lambda: torch.bmm(o["w2"], o["g"])),
+        "down_dx": (
+            lambda n: kernels().expert_down_dx(o["w2"], o["dy"], n),
+            lambda: torch.bmm(o["w2"].transpose(1, 2), o["dy"].transpose(1, 2)),
+        ),
+        "down_dw": (
+            lambda n: kernels().expert_down_dw(o["dy"], o["g"], n),
+            lambda: torch.bmm(o["dy"].transpose(1, 2), o["g"].transpose(1, 2)),
+        ),
+        "up_dx": (
+            lambda n: kernels().expert_up_dx(o["dh"], o["w13"], n),
+            lambda: torch.bmm(o["dh"].transpose(1, 2), o["w13"]),
+        ),
+        "up_dw": (lambda n: kernels().expert_up_dw(o["dh"], o["x"], n), lambda: torch.bmm(o["dh"], o["x"])),
+    }
+
+
+@needs_expert_gemm
+@pytest.mark.parametrize(
+    "n_exp,d,f,cap,counts",
+    [
+        (3, 32, 16, 7, [7, 0, 3]),  # odd cap: rows of the token operand are not dword-aligned
+        (4, 64, 32, 40, [40, 17, 1, 33]),  # odd counts, a single row, a full expert
+        (5, 256, 256, 112, [112, 96, 65, 0, 3]),  # nano widths: 16x16 transposes and every column chunking
+        (2, 48, 48, 80, [80, 79]),  # widths that are not a multiple of the 4-vector chunk
+    ],
+)
+def test_expert_gemms_match_bmm(n_exp, d, f, cap, counts):
+    """Each product equals its bmm over the zero-padded operands (fp32 accumulation, one rounding),
+    pad slots of the outputs included, which are zero."""
+    o = _operands(n_exp, d, f, cap, counts)
+    n = torch.tensor(counts, dtype=torch.long)
+    for name, (ours, ref) in _products(o).items():
+        got, want = ours(n), ref()
+        assert got.shape == want.shape and got.dtype == bf16, name
+        torch.testing.assert_close(
+            got.float(), want.float(), atol=1e-2 * want.abs().max().item(), rtol=1e-2, msg=name
+        )
+        for e, c in enumerate(counts):  # the pad slots hold exact zeros
+            if name in ("up", "down", "down_dx"):
+                assert not got[e, :, c:].any(), name
+            elif name == "up_dx":
+                assert not got[e, c:].any(), name
+        if name in ("down_dw", "up_dw"):
+            assert not got[[e for e, c in enumerate(counts) if c == 0]].any(), name  # no rows, no gradient
+
+
+@needs_expert_gemm
+def test_expert_gemm_rejects_bad_counts():
+    o = _operands(2, 32, 16, 8, [8, 8])
+    with pytest.raises(RuntimeError, match="valid count 9 outside"):
+        kernels().expert_up(o["w13"], o["x"], torch.tensor([9, 1]))
+    with pytest.raises(RuntimeError, match="one int64 count per expert"):
+        kernels().expert_up(o["w13"], o["x"], torch.tensor([1, 2, 3]))
+    with pytest.raises(RuntimeError, match="dtype"):
+        kernels().expert_up(o["w13"].float(), o["x"], torch.tensor([1, 1]))
+
+
+@needs_expert_gemm
+def test_skip_padding_plan_is_one_level_with_row_counts():
+    torch.manual_seed(0)
+    n, e = 300, 16
+    probs = torch.softmax(torch.randn(e) * 2.0, 0)
+    ids = torch.stack([torch.multinomial(probs, 2) for _ in range(n)])
+    counts = torch.bincount(ids.reshape(-1), minlength=e)
+    r = RouterOutput(ids, torch.rand(n, 2), counts, None, None)
+    plan = plan_dispatch(r, n, skip_padding=True)
+    assert len(plan.levels) == 1
+    (lv,) = plan.levels
+    assert lv.experts is None and lv.cap == _round_rows(int(counts.max()))
+    assert torch.equal(lv.valid_E, counts)
+    assert plan_dispatch(r, n).levels[0].valid_E is None  # the bmm path keeps its levels
+
+
+@needs_expert_gemm
+def test_moe_layer_takes_the_expert_gemms_and_matches_the_loop():
+    """A bf16 layer at widths the kernels take routes through them (one level, row counts) and
+    gives the naive loop's outputs and gradients, with skewed loads (many tails)."""
+    torch.manual_seed(2)
+    cfg = MoEConfig(n_experts=16, d_expert=32, top_k=2)
+    layer = MoE(64, cfg)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    layer = layer.to(bf16)
+    with torch.no_grad():
+        layer.router_bias[:] = torch.linspace(1.5, 0, 16)
+    x = torch.randn(1, 200, 64, dtype=bf16)
+    assert ops.expert_gemm_fusable(x[0], layer.w13, layer.w2)
+
+    def run(dispatch):
+        layer.zero_grad(set_to_none=True)
+        xi = x.detach().clone().requires_grad_()
+        y, _ = layer(xi, dispatch=dispatch)
+        (y.float() * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        return [y.float(), xi.grad.float()] + [p.grad.float() for p in layer.parameters()]
+
+    ref, got = run("loop"), run("sorted")
+    for a, b in zip(ref[:2], got[:2]):  # outputs, input gradient
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+    for a, b in zip(ref[2:], got[2:]):  # weight gradients: sums of 2-60 bf16 products, rounded differently
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
