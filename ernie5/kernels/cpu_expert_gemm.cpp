@@ -89,7 +89,12 @@ void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const ui
                 uint16_t* c, int64_t ldc, __mmask16 tail) {
   constexpr int MRZ = Z == 4 ? 6 : Z == 3 ? 8 : Z == 2 ? 12 : 16;
   int64_t r = 0;
-  for (; r + MRZ <= m; r += MRZ) micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail);
+  for (; r + MRZ <= m; r += MRZ) {
+    if (aks == 1 && r + 2 * MRZ <= m)  // A rows in memory order (a weight): fetch the next tile's rows
+      for (int i = 0; i < MRZ; ++i)
+        for (int64_t l = 0; l < k2; l += 16) _mm_prefetch(reinterpret_cast<const char*>(a + (r + MRZ + i) * ars + l), _MM_HINT_T0);
+    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail);
+  }
   tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail);
 }
 
@@ -176,17 +181,20 @@ void pack_t(const uint16_t* src, int64_t rows, int64_t ld, int64_t kv, uint32_t*
 // past kv are zero. src rows have stride ld (elements).
 void pack_i(const uint16_t* src, int64_t kv, int64_t ld, int64_t cols, uint32_t* out, int64_t width) {
   int64_t k2 = (kv + 1) / 2;
+  const __m256i zero = _mm256_setzero_si256();
   for (int64_t k = 0; k < k2; ++k) {
     const uint16_t* s0 = src + 2 * k * ld;
-    const uint16_t* s1 = 2 * k + 1 < kv ? s0 + ld : nullptr;
+    const bool has1 = 2 * k + 1 < kv;
+    const uint16_t* s1 = s0 + ld;
     uint32_t* o = out + k * width;
-    if (s1) {
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) o[j] = pair(s0[j], s1[j]);
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) o[j] = pair(s0[j], 0);
+    int64_t j = 0;
+    for (; j + 16 <= cols; j += 16) {  // 16 pairs: widen both rows to 32 bits, the odd one shifted up
+      __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s0 + j)));
+      __m256i h = has1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s1 + j)) : zero;
+      __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+      _mm512_storeu_si512(o + j, _mm512_or_si512(lo, hi));
     }
+    for (; j < cols; ++j) o[j] = pair(s0[j], has1 ? s1[j] : uint16_t{0});
     std::fill(o + cols, o + width, 0u);
   }
 }
