@@ -61,13 +61,14 @@ inline __m512 load16(const uint16_t* p) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(uint16_t* p, __m512 v) {  // from_f<uint16_t> on 16 lanes: nearest even, NaN -> 0x7FC0
+inline __m256i round16(__m512 v) {  // from_f<uint16_t> on 16 lanes: nearest even, NaN -> 0x7FC0
   __m512i u = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  return _mm512_cvtepi32_epi16(r);
 }
+inline void store16(uint16_t* p, __m512 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round16(v)); }
 #endif
 
 // Stored element type of a tensor: bf16 is handled as raw uint16 bits.
