@@ -345,12 +345,13 @@ inline void swiglu_fwd_row(const T* __restrict g, const T* __restrict u, const T
 }
 
 template <typename T>
-void swiglu_fwd_impl(const T* h, const T* gate, T* out, int64_t e, int64_t f, int64_t c) {
+void swiglu_fwd_impl(const T* h, const T* gate, T* out, int64_t e, int64_t f, int64_t c, const int64_t* nv) {
   at::parallel_for(0, e * f, 16, [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      int64_t ei = r / f, fi = r % f;
+      int64_t ei = r / f, fi = r % f, cv = nv ? nv[ei] : c;
       const T* g = h + (ei * 2 * f + fi) * c;
-      swiglu_fwd_row(g, g + f * c, gate + ei * c, out + r * c, c);
+      swiglu_fwd_row(g, g + f * c, gate + ei * c, out + r * c, cv);
+      std::fill(out + r * c + cv, out + (r + 1) * c, T(0));  // pad slots: what h = 0 would give
     }
   });
 }
@@ -373,48 +374,66 @@ inline void swiglu_bwd_row(const T* __restrict d, const T* __restrict g, const T
 }
 
 template <typename T>
-void swiglu_bwd_impl(const T* dout, const T* h, const T* gate, T* dh, float* dgate, int64_t e, int64_t f, int64_t c) {
+void swiglu_bwd_impl(const T* dout, const T* h, const T* gate, T* dh, float* dgate, int64_t e, int64_t f, int64_t c,
+                     const int64_t* nv) {
   at::parallel_for(0, e, 1, [=](int64_t e0, int64_t e1) {
     std::vector<float> acc(c);
     for (int64_t ei = e0; ei < e1; ++ei) {
+      int64_t cv = nv ? nv[ei] : c;
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t fi = 0; fi < f; ++fi) {
         const T* g = h + (ei * 2 * f + fi) * c;
         T* dg = dh + (ei * 2 * f + fi) * c;
-        swiglu_bwd_row(dout + (ei * f + fi) * c, g, g + f * c, gate + ei * c, dg, dg + f * c, acc.data(), c);
+        swiglu_bwd_row(dout + (ei * f + fi) * c, g, g + f * c, gate + ei * c, dg, dg + f * c, acc.data(), cv);
+        std::fill(dg + cv, dg + c, T(0));  // pad slots: zero, as h = 0 and d_out = 0 there would give
+        std::fill(dg + f * c + cv, dg + f * c + c, T(0));
       }
       std::copy(acc.begin(), acc.end(), dgate + ei * c);
     }
   });
 }
 
-torch::Tensor swiglu_gate_fwd(torch::Tensor h, torch::Tensor gate) {
+// Valid slots per expert (the rest of each expert's C slots are padding and are written as zero
+// without being read), or nullptr for all C.
+const int64_t* slot_counts(const torch::Tensor& n, int64_t e, int64_t c) {
+  if (n.numel() == 0) return nullptr;
+  check(n, "slot counts", torch::kLong);
+  TORCH_CHECK(n.numel() == e, "slot counts: ", n.numel(), " for ", e, " experts");
+  const int64_t* p = n.data_ptr<int64_t>();
+  for (int64_t i = 0; i < e; ++i) TORCH_CHECK(p[i] >= 0 && p[i] <= c, "slot count ", p[i], " outside [0, ", c, "]");
+  return p;
+}
+
+torch::Tensor swiglu_gate_fwd(torch::Tensor h, torch::Tensor gate, torch::Tensor n) {
   auto dt = h.scalar_type();
   check(h, "h", dt);
   check(gate, "gate", dt);
   int64_t e = h.size(0), f = h.size(1) / 2, c = h.size(2);
   TORCH_CHECK(gate.numel() == e * c, "gate has ", gate.numel(), " elements, expected ", e * c);
+  const int64_t* nv = slot_counts(n, e, c);
   auto out = torch::empty({e, f, c}, h.options());
   if (dt == torch::kBFloat16)
-    swiglu_fwd_impl(ptr<uint16_t>(h), ptr<uint16_t>(gate), ptr<uint16_t>(out), e, f, c);
+    swiglu_fwd_impl(ptr<uint16_t>(h), ptr<uint16_t>(gate), ptr<uint16_t>(out), e, f, c, nv);
   else
-    swiglu_fwd_impl(ptr<float>(h), ptr<float>(gate), ptr<float>(out), e, f, c);
+    swiglu_fwd_impl(ptr<float>(h), ptr<float>(gate), ptr<float>(out), e, f, c, nv);
   return out;
 }
 
-std::vector<torch::Tensor> swiglu_gate_bwd(torch::Tensor dout, torch::Tensor h, torch::Tensor gate) {
+std::vector<torch::Tensor> swiglu_gate_bwd(torch::Tensor dout, torch::Tensor h, torch::Tensor gate, torch::Tensor n) {
   auto dt = h.scalar_type();
   check(dout, "grad", dt);
   check(h, "h", dt);
   check(gate, "gate", dt);
   int64_t e = h.size(0), f = h.size(1) / 2, c = h.size(2);
+  const int64_t* nv = slot_counts(n, e, c);
   auto dh = torch::empty_like(h);
   auto dgate = torch::empty({e, c}, h.options().dtype(torch::kFloat));
   if (dt == torch::kBFloat16)
     swiglu_bwd_impl(ptr<uint16_t>(dout), ptr<uint16_t>(h), ptr<uint16_t>(gate), ptr<uint16_t>(dh), ptr<float>(dgate),
-                    e, f, c);
+                    e, f, c, nv);
   else
-    swiglu_bwd_impl(ptr<float>(dout), ptr<float>(h), ptr<float>(gate), ptr<float>(dh), ptr<float>(dgate), e, f, c);
+    swiglu_bwd_impl(ptr<float>(dout), ptr<float>(h), ptr<float>(gate), ptr<float>(dh), ptr<float>(dgate), e, f, c,
+                    nv);
   return {dh, dgate};
 }
 

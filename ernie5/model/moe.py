@@ -365,6 +365,14 @@ def _level_rows(src_ND: torch.Tensor, src_pad: torch.Tensor | None, lv: _Level, 
     return src_pad.index_select(0, lv.tok_EC).view(e, lv.cap, d)
 
 
+_ALL_SLOTS = torch.empty(0, dtype=torch.long)
+
+
+def _slots(n_E: torch.Tensor | None) -> torch.Tensor:
+    """The valid slot counts for the fused SwiGLU kernels (an empty tensor: every slot)."""
+    return _ALL_SLOTS if n_E is None else n_E
+
+
 class _GroupedSwiGLU(torch.autograd.Function):
     """Gated SwiGLU experts over padded levels, with a hand-written backward.
 
@@ -409,7 +417,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
             gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
             if fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
-                gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C)
+                gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C, _slots(n_E))
                 if n_E is not None:
                     y_levels.append(kernels().expert_down(w2, gated_EFC, n_E))  # (E, D, C)
                 else:
@@ -457,7 +465,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
                 d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
             if fused:
-                d_h, d_gate_EC = kernels().swiglu_gate_bwd(d_gated, h_EFC, gate_E1C)
+                d_h, d_gate_EC = kernels().swiglu_gate_bwd(d_gated, h_EFC, gate_E1C, _slots(n_E))
                 dg_pad.index_add_(0, lv.pair_EC, d_gate_EC.view(-1))
             else:
                 silu_EFC, act_EFC = acts

@@ -126,8 +126,9 @@ def test_swiglu_gate_matches_eager(dtype):
     hr, gr = h.clone().requires_grad_(), gate.clone().requires_grad_()
     ref = _swiglu_reference(hr, gr)
     ref.backward(dout)
-    out = kernels().swiglu_gate_fwd(h, gate)
-    d_h, d_gate = kernels().swiglu_gate_bwd(dout, h, gate)
+    none = torch.empty(0, dtype=torch.long)
+    out = kernels().swiglu_gate_fwd(h, gate, none)
+    d_h, d_gate = kernels().swiglu_gate_bwd(dout, h, gate, none)
     _close(out, ref, dtype)
     _close(d_h, hr.grad, dtype)
     assert d_gate.dtype == torch.float32
@@ -136,6 +137,32 @@ def test_swiglu_gate_matches_eager(dtype):
         d_gate / scale, gr.grad.float() / scale, atol=2e-2 if dtype == torch.bfloat16 else 1e-5, rtol=0
     )
     assert torch.isfinite(out).all() and torch.isfinite(d_h).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_gate_with_slot_counts_skips_the_pad_slots(dtype):
+    """Given each expert's valid slot count, the kernels compute those slots as without counts and
+    write zeros to the rest without reading them (NaN there changes nothing)."""
+    torch.manual_seed(1)
+    e, f, c = 3, 24, 13
+    counts = torch.tensor([13, 0, 5])
+    h = torch.randn(e, 2 * f, c).to(dtype)
+    gate = torch.rand(e, c).to(dtype)
+    dout = torch.randn(e, f, c).to(dtype)
+    none = torch.empty(0, dtype=torch.long)
+    full_out = kernels().swiglu_gate_fwd(h, gate, none)
+    full_dh, full_dgate = kernels().swiglu_gate_bwd(dout, h, gate, none)
+    for i, n in enumerate(counts.tolist()):
+        h[i, :, n:], gate[i, n:], dout[i, :, n:] = float("nan"), float("nan"), float("nan")
+    out = kernels().swiglu_gate_fwd(h, gate, counts)
+    d_h, d_gate = kernels().swiglu_gate_bwd(dout, h, gate, counts)
+    for i, n in enumerate(counts.tolist()):
+        assert torch.equal(out[i, :, :n], full_out[i, :, :n]) and not out[i, :, n:].any()
+        assert torch.equal(d_h[i, :, :n], full_dh[i, :, :n]) and not d_h[i, :, n:].any()
+        assert torch.equal(d_gate[i, :n], full_dgate[i, :n]) and not d_gate[i, n:].any()
+    with pytest.raises(RuntimeError, match="slot count 14 outside"):
+        kernels().swiglu_gate_fwd(h, gate, torch.tensor([14, 0, 0]))
 
 
 @needs_kernels
