@@ -22,7 +22,8 @@ its settled copy and the dense chain are timed in alternating rounds
 (:func:`ernie5.bench.timing.alternating_medians`), so their ratios compare runs taken moments apart.
 
 Two ceilings, measured in the same process, say how far a layer built on these batched GEMMs
-(oneDNN, unfused activations) could go:
+(the padding-skipping kernels of ``ernie5/kernels/cpu_expert_gemm.cpp`` in bf16 where they
+build, oneDNN's ``bmm`` otherwise) could go:
   * ``gemm_only_ms``: just the six batched expert GEMMs (forward, data and weight gradients) of a
     perfectly balanced layer (``tokens * top_k / n_experts`` rows per expert, no padding, no
     routing, gathers, scatters or activations); ``dense_equiv_ratio_gemm_only`` is the ratio a
@@ -43,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ernie5.bench.timing import alternating_medians, environment, matmul_peak, median_seconds
+from ernie5.kernels import kernels, ops
 from ernie5.model.config import MoEConfig
 from ernie5.model.moe import MoE, update_router_bias
 
@@ -74,8 +76,8 @@ def _dense_step(n_rows: int, d: int, f: int, dtype: torch.dtype, autocast: bool)
 
 
 def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype):
-    """The six GEMMs of a balanced expert layer (batched, the layout `_GroupedSwiGLU` uses) and of
-    the dense chain, without anything else."""
+    """The six GEMMs of a balanced expert layer (batched, the layout and the kernels
+    `_GroupedSwiGLU` uses) and of the dense chain, without anything else."""
     c = n_rows // n_experts
     w13, w2 = torch.randn(n_experts, 2 * f, d, dtype=dtype), torch.randn(n_experts, d, f, dtype=dtype)
     x, dy = torch.randn(n_experts, c, d, dtype=dtype), torch.randn(n_experts, c, d, dtype=dtype)
@@ -88,6 +90,17 @@ def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype)
         torch.bmm(w2.transpose(1, 2), dy.transpose(1, 2))
         torch.bmm(d_h, x)
         torch.bmm(d_h.transpose(1, 2), w13)
+
+    if ops.expert_gemm_fusable(x[0], w13, w2):  # what `_GroupedSwiGLU` runs in bf16 here
+        k, n_E = kernels(), torch.full((n_experts,), c, dtype=torch.long)
+
+        def experts():
+            k.expert_up(w13, x, n_E)
+            k.expert_down(w2, act, n_E)
+            k.expert_down_dw(dy, act, n_E)
+            k.expert_down_dx(w2, dy, n_E)
+            k.expert_up_dw(d_h, x, n_E)
+            k.expert_up_dx(d_h, w13, n_E)
 
     xd, dyd = torch.randn(n_rows, d, dtype=dtype), torch.randn(n_rows, d, dtype=dtype)
     w13d, w2d = torch.randn(2 * f, d, dtype=dtype), torch.randn(d, f, dtype=dtype)

@@ -9,6 +9,10 @@
 #include <immintrin.h>
 #endif
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -70,6 +74,19 @@ inline __m256i round16(__m512 v) {  // from_f<uint16_t> on 16 lanes: nearest eve
 }
 inline void store16(uint16_t* p, __m512 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round16(v)); }
 #endif
+
+// fn(i) for i in [0, n), the items handed out one at a time to the threads (for items of uneven
+// cost, such as experts with different loads; at::parallel_for splits the range statically).
+template <typename Fn>
+void parallel_dynamic(int64_t n, const Fn& fn) {
+  std::atomic<int64_t> next{0};
+  int64_t nt = std::min<int64_t>(at::get_num_threads(), n);
+  if (nt <= 0) return;
+  at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
+  });
+}
 
 // Stored element type of a tensor: bf16 is handled as raw uint16 bits.
 template <typename T> inline T* ptr(const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }

@@ -27,7 +27,6 @@
 #include "cpu_common.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -201,16 +200,15 @@ void pack_i(const uint16_t* src, int64_t kv, int64_t ld, int64_t cols, uint32_t*
 
 inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// Runs fn(e, scratch) for every expert, handing experts out one at a time; scratch holds `words`
+// Runs fn(e, scratch) for every expert, experts handed out one at a time; scratch holds `words`
 // dwords per thread.
 template <typename Fn>
 void for_experts(int64_t n_exp, int64_t words, const Fn& fn) {
-  std::atomic<int64_t> next{0};
-  int64_t nt = std::min<int64_t>(at::get_num_threads(), n_exp);
-  at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<uint32_t> scratch(static_cast<size_t>(words) + 16);
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t e = next.fetch_add(1); e < n_exp; e = next.fetch_add(1)) fn(e, scratch.data());
+  std::vector<std::vector<uint32_t>> scratch(at::get_num_threads());
+  parallel_dynamic(n_exp, [&](int64_t e) {
+    auto& buf = scratch[at::get_thread_num()];
+    if (buf.empty()) buf.resize(static_cast<size_t>(words) + 16);
+    fn(e, buf.data());
   });
 }
 

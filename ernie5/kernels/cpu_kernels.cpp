@@ -346,9 +346,10 @@ inline void swiglu_fwd_row(const T* __restrict g, const T* __restrict u, const T
 
 template <typename T>
 void swiglu_fwd_impl(const T* h, const T* gate, T* out, int64_t e, int64_t f, int64_t c, const int64_t* nv) {
-  at::parallel_for(0, e * f, 16, [=](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      int64_t ei = r / f, fi = r % f, cv = nv ? nv[ei] : c;
+  parallel_dynamic(e, [=](int64_t ei) {  // experts of uneven loads: handed out one at a time
+    int64_t cv = nv ? nv[ei] : c;
+    for (int64_t fi = 0; fi < f; ++fi) {
+      int64_t r = ei * f + fi;
       const T* g = h + (ei * 2 * f + fi) * c;
       swiglu_fwd_row(g, g + f * c, gate + ei * c, out + r * c, cv);
       std::fill(out + r * c + cv, out + (r + 1) * c, T(0));  // pad slots: what h = 0 would give
@@ -376,20 +377,19 @@ inline void swiglu_bwd_row(const T* __restrict d, const T* __restrict g, const T
 template <typename T>
 void swiglu_bwd_impl(const T* dout, const T* h, const T* gate, T* dh, float* dgate, int64_t e, int64_t f, int64_t c,
                      const int64_t* nv) {
-  at::parallel_for(0, e, 1, [=](int64_t e0, int64_t e1) {
-    std::vector<float> acc(c);
-    for (int64_t ei = e0; ei < e1; ++ei) {
-      int64_t cv = nv ? nv[ei] : c;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t fi = 0; fi < f; ++fi) {
-        const T* g = h + (ei * 2 * f + fi) * c;
-        T* dg = dh + (ei * 2 * f + fi) * c;
-        swiglu_bwd_row(dout + (ei * f + fi) * c, g, g + f * c, gate + ei * c, dg, dg + f * c, acc.data(), cv);
-        std::fill(dg + cv, dg + c, T(0));  // pad slots: zero, as h = 0 and d_out = 0 there would give
-        std::fill(dg + f * c + cv, dg + f * c + c, T(0));
-      }
-      std::copy(acc.begin(), acc.end(), dgate + ei * c);
+  std::vector<std::vector<float>> accs(at::get_num_threads(), std::vector<float>(c));
+  parallel_dynamic(e, [&](int64_t ei) {  // experts of uneven loads: handed out one at a time
+    std::vector<float>& acc = accs[at::get_thread_num()];
+    int64_t cv = nv ? nv[ei] : c;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t fi = 0; fi < f; ++fi) {
+      const T* g = h + (ei * 2 * f + fi) * c;
+      T* dg = dh + (ei * 2 * f + fi) * c;
+      swiglu_bwd_row(dout + (ei * f + fi) * c, g, g + f * c, gate + ei * c, dg, dg + f * c, acc.data(), cv);
+      std::fill(dg + cv, dg + c, T(0));  // pad slots: zero, as h = 0 and d_out = 0 there would give
+      std::fill(dg + f * c + cv, dg + f * c + c, T(0));
     }
+    std::copy(acc.begin(), acc.end(), dgate + ei * c);
   });
 }
 
