@@ -46,7 +46,7 @@ inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo
 // The last vector stores only the lanes in `tail` (a row may end inside it).
 template <int R, int Z>
 inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
-                  uint16_t* c, int64_t ldc, __mmask16 tail) {
+                  uint16_t* c, int64_t ldc, __mmask16 tail, bool stream) {
   __m512 acc[R][Z];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -68,7 +68,10 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
     for (int j = 0; j < Z; ++j) {
       __m256i o = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
       __mmask16 m = j == Z - 1 ? tail : static_cast<__mmask16>(0xFFFF);
-      _mm256_mask_storeu_epi16(c + r * ldc + 16 * j, m, o);
+      if (stream && m == 0xFFFF)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(c + r * ldc + 16 * j), o);
+      else
+        _mm256_mask_storeu_epi16(c + r * ldc + 16 * j, m, o);
     }
 }
 
@@ -76,32 +79,36 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
 // the last partial tile by a smaller instantiation.
 template <int Z, int R>
 inline void tail_rows(int64_t rem, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb,
-                      int64_t k2, uint16_t* c, int64_t ldc, __mmask16 tail) {
+                      int64_t k2, uint16_t* c, int64_t ldc, __mmask16 tail, bool stream) {
   if constexpr (R > 0) {
-    if (rem == R) micro<R, Z>(a, ars, aks, b, ldb, k2, c, ldc, tail);
-    else tail_rows<Z, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail);
+    if (rem == R) micro<R, Z>(a, ars, aks, b, ldb, k2, c, ldc, tail, stream);
+    else tail_rows<Z, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail, stream);
   }
 }
 
 template <int Z>
 void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
-                uint16_t* c, int64_t ldc, __mmask16 tail) {
+                uint16_t* c, int64_t ldc, __mmask16 tail, bool stream) {
   constexpr int MRZ = Z == 4 ? 6 : Z == 3 ? 8 : Z == 2 ? 12 : 16;
   int64_t r = 0;
   for (; r + MRZ <= m; r += MRZ) {
     if (aks == 1 && r + 2 * MRZ <= m)  // A rows in memory order (a weight): fetch the next tile's rows
       for (int i = 0; i < MRZ; ++i)
         for (int64_t l = 0; l < k2; l += 16) _mm_prefetch(reinterpret_cast<const char*>(a + (r + MRZ + i) * ars + l), _MM_HINT_T0);
-    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail);
+    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream);
   }
-  tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail);
+  tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream);
 }
 
 // C (m x n, row stride ldc, bf16) = A (m x 2 k2) . B (2 k2 x n16 packed as [k2][ldb] dwords), n <= n16.
 // Columns go in chunks of 4, 3 or 2 vectors (a lone vector only when n <= 16), so that no chunk is
-// a single vector, whose 16 rows of broadcasts would outnumber its FMAs.
+// a single vector, whose 16 rows of broadcasts would outnumber its FMAs. With `stream` (an output
+// read only much later: the weight gradients, which the optimizer reads) whole 32-byte-aligned
+// vectors are written with streaming stores, which skip reading the lines in first; the caller
+// fences (_mm_sfence) before the output is used.
 void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b,
-          int64_t ldb, uint16_t* c, int64_t ldc) {
+          int64_t ldb, uint16_t* c, int64_t ldc, bool stream = false) {
+  stream = stream && (reinterpret_cast<uintptr_t>(c) & 31) == 0 && ldc % 16 == 0;
   if (n <= 0 || m <= 0) return;
   if (k2 == 0) {
     for (int64_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, uint16_t{0});
@@ -114,10 +121,10 @@ void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int6
     int64_t w = std::min<int64_t>(16 * z, n - n0);
     int64_t last = w - 16 * (z - 1);
     __mmask16 tail = static_cast<__mmask16>(last == 16 ? 0xFFFF : (1u << last) - 1);
-    if (z == 4) chunk_rows<4>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail);
-    else if (z == 3) chunk_rows<3>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail);
-    else if (z == 2) chunk_rows<2>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail);
-    else chunk_rows<1>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail);
+    if (z == 4) chunk_rows<4>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream);
+    else if (z == 3) chunk_rows<3>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream);
+    else if (z == 2) chunk_rows<2>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream);
+    else chunk_rows<1>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream);
     n0 += 16 * z;
     v -= z;
   }
@@ -330,7 +337,8 @@ torch::Tensor expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n)
     uint32_t* bp = buf + k2 * d;  // [k2][f]: (g[f, 2k], g[f, 2k+1])
     pack_i(DY + e * cap * d, ne, d, d, ap, d);
     pack_t(G + e * f * cap, f, cap, ne, bp, f);
-    gemm(d, f, k2, ap, 1, d, bp, f, DW + e * d * f, f);
+    gemm(d, f, k2, ap, 1, d, bp, f, DW + e * d * f, f, true);
+    _mm_sfence();
   });
   return dw;
 }
@@ -382,7 +390,8 @@ torch::Tensor expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n) {
     uint32_t* bp = buf + k2 * f2;  // [k2][d]: (x[2k, d], x[2k+1, d])
     pack_t(DH + e * f2 * cap, f2, cap, ne, ap, f2);
     pack_i(X + e * cap * d, ne, d, d, bp, d);
-    gemm(f2, d, k2, ap, 1, f2, bp, d, DW + e * f2 * d, d);
+    gemm(f2, d, k2, ap, 1, f2, bp, d, DW + e * f2 * d, d, true);
+    _mm_sfence();
   });
   return dw;
 }
