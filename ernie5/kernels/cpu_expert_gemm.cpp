@@ -27,6 +27,7 @@
 #include "cpu_common.h"
 
 #include <algorithm>
+#include <tuple>
 #include <cstdint>
 #include <vector>
 
@@ -46,7 +47,7 @@ inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo
 // The last vector stores only the lanes in `tail` (a row may end inside it).
 template <int R, int Z>
 inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
-                  uint16_t* c, int64_t ldc, __mmask16 tail, bool stream) {
+                  uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq) {
   __m512 acc[R][Z];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -73,31 +74,41 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
       else
         _mm256_mask_storeu_epi16(c + r * ldc + 16 * j, m, o);
     }
+  if (sumsq) {  // squares of the rounded outputs (lanes past the tail are zero: B is zero-padded)
+    __m512 sq = _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < Z; ++j) {
+        __m512 back = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(acc[r][j])), 16));
+        sq = _mm512_fmadd_ps(back, back, sq);
+      }
+    *sumsq += static_cast<double>(_mm512_reduce_add_ps(sq));
+  }
 }
 
 // Rows of a z-vector column chunk in tiles of MRZ rows (24 fp32 accumulators for z = 2, 3, 4),
 // the last partial tile by a smaller instantiation.
 template <int Z, int R>
 inline void tail_rows(int64_t rem, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb,
-                      int64_t k2, uint16_t* c, int64_t ldc, __mmask16 tail, bool stream) {
+                      int64_t k2, uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq) {
   if constexpr (R > 0) {
-    if (rem == R) micro<R, Z>(a, ars, aks, b, ldb, k2, c, ldc, tail, stream);
-    else tail_rows<Z, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail, stream);
+    if (rem == R) micro<R, Z>(a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq);
+    else tail_rows<Z, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq);
   }
 }
 
 template <int Z>
 void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
-                uint16_t* c, int64_t ldc, __mmask16 tail, bool stream) {
+                uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq) {
   constexpr int MRZ = Z == 4 ? 6 : Z == 3 ? 8 : Z == 2 ? 12 : 16;
   int64_t r = 0;
   for (; r + MRZ <= m; r += MRZ) {
     if (aks == 1 && r + 2 * MRZ <= m)  // A rows in memory order (a weight): fetch the next tile's rows
       for (int i = 0; i < MRZ; ++i)
         for (int64_t l = 0; l < k2; l += 16) _mm_prefetch(reinterpret_cast<const char*>(a + (r + MRZ + i) * ars + l), _MM_HINT_T0);
-    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream);
+    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq);
   }
-  tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream);
+  tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq);
 }
 
 // C (m x n, row stride ldc, bf16) = A (m x 2 k2) . B (2 k2 x n16 packed as [k2][ldb] dwords), n <= n16.
@@ -105,9 +116,10 @@ void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const ui
 // a single vector, whose 16 rows of broadcasts would outnumber its FMAs. With `stream` (an output
 // read only much later: the weight gradients, which the optimizer reads) whole 32-byte-aligned
 // vectors are written with streaming stores, which skip reading the lines in first; the caller
-// fences (_mm_sfence) before the output is used.
+// fences (_mm_sfence) before the output is used. `sumsq`, if given, accumulates the squares of the
+// rounded outputs in a fixed order (fp32 per micro tile, fp64 across tiles).
 void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b,
-          int64_t ldb, uint16_t* c, int64_t ldc, bool stream = false) {
+          int64_t ldb, uint16_t* c, int64_t ldc, bool stream = false, double* sumsq = nullptr) {
   stream = stream && (reinterpret_cast<uintptr_t>(c) & 31) == 0 && ldc % 16 == 0;
   if (n <= 0 || m <= 0) return;
   if (k2 == 0) {
@@ -121,10 +133,10 @@ void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int6
     int64_t w = std::min<int64_t>(16 * z, n - n0);
     int64_t last = w - 16 * (z - 1);
     __mmask16 tail = static_cast<__mmask16>(last == 16 ? 0xFFFF : (1u << last) - 1);
-    if (z == 4) chunk_rows<4>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream);
-    else if (z == 3) chunk_rows<3>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream);
-    else if (z == 2) chunk_rows<2>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream);
-    else chunk_rows<1>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream);
+    if (z == 4) chunk_rows<4>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq);
+    else if (z == 3) chunk_rows<3>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq);
+    else if (z == 2) chunk_rows<2>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq);
+    else chunk_rows<1>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq);
     n0 += 16 * z;
     v -= z;
   }
@@ -318,8 +330,17 @@ torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n
   return dg;
 }
 
-// dw2 (E, D, F) = dy (E, C, D)^T @ g (E, F, C)^T, summed over the valid slots.
-torch::Tensor expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n) {
+// Sum of the per-expert partial sums, in expert order (the result does not depend on which
+// thread took which expert).
+double ordered_sum(const std::vector<double>& parts) {
+  double total = 0.0;
+  for (double x : parts) total += x;
+  return total;
+}
+
+// dw2 (E, D, F) = dy (E, C, D)^T @ g (E, F, C)^T, summed over the valid slots; also the sum of
+// squares of dw2 (as stored), for the gradient norm.
+std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n) {
   check3(dy, "dy");
   check3(g, "g");
   int64_t e_n = dy.size(0), cap = dy.size(1), d = dy.size(2), f = g.size(1);
@@ -331,16 +352,17 @@ torch::Tensor expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n)
   const uint16_t* G = ptr<uint16_t>(g);
   uint16_t* DW = ptr<uint16_t>(dw);
   int64_t k2max = (cap + 1) / 2;
+  std::vector<double> sq(e_n, 0.0);
   for_experts(e_n, k2max * (d + f), [&](int64_t e, uint32_t* buf) {
     int64_t ne = nv[e], k2 = (ne + 1) / 2;
     uint32_t* ap = buf;           // [k2][d]: (dy[2k, d], dy[2k+1, d])
     uint32_t* bp = buf + k2 * d;  // [k2][f]: (g[f, 2k], g[f, 2k+1])
     pack_i(DY + e * cap * d, ne, d, d, ap, d);
     pack_t(G + e * f * cap, f, cap, ne, bp, f);
-    gemm(d, f, k2, ap, 1, d, bp, f, DW + e * d * f, f, true);
+    gemm(d, f, k2, ap, 1, d, bp, f, DW + e * d * f, f, true, &sq[e]);
     _mm_sfence();
   });
-  return dw;
+  return {dw, ordered_sum(sq)};
 }
 
 // dx (E, C, D) = dh (E, 2F, C)^T @ w13 (E, 2F, D) over the valid slots (pad rows zero).
@@ -371,8 +393,9 @@ torch::Tensor expert_up_dx(torch::Tensor dh, torch::Tensor w13, torch::Tensor n)
   return dx;
 }
 
-// dw13 (E, 2F, D) = dh (E, 2F, C) @ x (E, C, D), summed over the valid slots.
-torch::Tensor expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n) {
+// dw13 (E, 2F, D) = dh (E, 2F, C) @ x (E, C, D), summed over the valid slots; also the sum of
+// squares of dw13 (as stored).
+std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n) {
   check3(dh, "dh");
   check3(x, "x");
   int64_t e_n = dh.size(0), f2 = dh.size(1), cap = dh.size(2), d = x.size(2);
@@ -384,16 +407,17 @@ torch::Tensor expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n) {
   const uint16_t* X = ptr<uint16_t>(x);
   uint16_t* DW = ptr<uint16_t>(dw);
   int64_t k2max = (cap + 1) / 2;
+  std::vector<double> sq(e_n, 0.0);
   for_experts(e_n, k2max * (f2 + d), [&](int64_t e, uint32_t* buf) {
     int64_t ne = nv[e], k2 = (ne + 1) / 2;
     uint32_t* ap = buf;            // [k2][f2]: (dh[f, 2k], dh[f, 2k+1])
     uint32_t* bp = buf + k2 * f2;  // [k2][d]: (x[2k, d], x[2k+1, d])
     pack_t(DH + e * f2 * cap, f2, cap, ne, ap, f2);
     pack_i(X + e * cap * d, ne, d, d, bp, d);
-    gemm(f2, d, k2, ap, 1, f2, bp, d, DW + e * f2 * d, d, true);
+    gemm(f2, d, k2, ap, 1, f2, bp, d, DW + e * f2 * d, d, true, &sq[e]);
     _mm_sfence();
   });
-  return dw;
+  return {dw, ordered_sum(sq)};
 }
 
 #else
@@ -406,8 +430,8 @@ static torch::Tensor unavailable() {
 torch::Tensor expert_up(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
 torch::Tensor expert_down(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
 torch::Tensor expert_down_dx(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
-torch::Tensor expert_down_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
+std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return {unavailable(), 0.0}; }
 torch::Tensor expert_up_dx(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
-torch::Tensor expert_up_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
+std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return {unavailable(), 0.0}; }
 
 #endif

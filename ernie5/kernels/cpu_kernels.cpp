@@ -1121,9 +1121,9 @@ bool expert_gemm_available();
 torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n);
 torch::Tensor expert_down(torch::Tensor w2, torch::Tensor g, torch::Tensor n);
 torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n);
-torch::Tensor expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n);
+std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n);
 torch::Tensor expert_up_dx(torch::Tensor dh, torch::Tensor w13, torch::Tensor n);
-torch::Tensor expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n);
+std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n);
 std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
                                     bool allow_amx);
 std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,

@@ -152,6 +152,33 @@ def expert_gemm_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch
     return d % 16 == 0 and f % 16 == 0
 
 
+_GRAD_SUMSQ: dict[int, tuple[int, int, float]] = {}
+"""Sums of squares of weight gradients, computed by the kernel that produced the gradient (the
+expert weight-gradient GEMMs do it in their epilogue), so that the optimizer's gradient norm need
+not read those gradients again: parameter data pointer -> (gradient data pointer, gradient version
+counter, sum of squares)."""
+
+
+def record_grad_sumsq(param: torch.Tensor, grad: torch.Tensor, sumsq: float) -> None:
+    """Remember ``sumsq`` as the sum of squares of ``grad``, the gradient just computed for ``param``."""
+    _GRAD_SUMSQ[param.data_ptr()] = (grad.data_ptr(), grad._version, sumsq)
+
+
+def take_grad_sumsq(param: torch.Tensor, grad: torch.Tensor) -> float | None:
+    """The recorded sum of squares of ``param``'s gradient if ``grad`` is that very tensor, unchanged
+    since (same storage, same version counter: autograd kept it as ``.grad`` without copying or
+    accumulating into it); None otherwise. The entry is consumed either way."""
+    entry = _GRAD_SUMSQ.pop(param.data_ptr(), None)
+    if entry is not None and entry[0] == grad.data_ptr() and entry[1] == grad._version:
+        return entry[2]
+    return None
+
+
+def clear_grad_sumsq() -> None:
+    """Forget every recorded sum of squares (the optimizer step did not use them, or is over)."""
+    _GRAD_SUMSQ.clear()
+
+
 def router_fusable(x_ND: torch.Tensor, weight_ED: torch.Tensor) -> bool:
     """Whether :func:`router_logits` can take these: :func:`fusable`, an AVX-512F build, ``d_model`` a
     multiple of 64 and a multiple of 16 experts, at most 128."""

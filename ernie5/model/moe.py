@@ -459,7 +459,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
             dy_ECD = _level_rows(dy_ND, None if fused else dy_pad, lv, e)
             n_E = lv.valid_E
             if n_E is not None:
-                d_w2 = kernels().expert_down_dw(dy_ECD, gated_EFC, n_E)
+                d_w2, sq_w2 = kernels().expert_down_dw(dy_ECD, gated_EFC, n_E)
                 d_gated = kernels().expert_down_dx(w2, dy_ECD, n_E)
             else:
                 d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
@@ -477,8 +477,11 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
                 torch.mul(d_act, silu_EFC, out=d_u)
             if n_E is not None:
-                d_w13 = kernels().expert_up_dw(d_h, x_ECD, n_E)
+                d_w13, sq_w13 = kernels().expert_up_dw(d_h, x_ECD, n_E)
                 d_x = kernels().expert_up_dx(d_h, w13, n_E)
+                if len(ctx.plan.levels) == 1 and lv.experts is None:  # these are the whole gradients
+                    ops.record_grad_sumsq(w13_EFD, d_w13, sq_w13)
+                    ops.record_grad_sumsq(w2_EDF, d_w2, sq_w2)
             else:
                 d_w13 = torch.bmm(d_h, x_ECD)
                 d_x = torch.bmm(d_h.transpose(1, 2), w13)  # (E, C, D), contiguous for the combine

@@ -31,7 +31,8 @@ def _operands(n_exp, d, f, cap, counts, seed=0):
 
 
 def _products(o):
-    """name -> (kernel call, the torch.bmm it replaces)."""
+    """name -> (kernel call, the torch.bmm it replaces); the weight-gradient products also return a
+    sum of squares, dropped here."""
     return {
         "up": (
             lambda n: kernels().expert_up(o["w13"], o["x"], n),
@@ -43,14 +44,17 @@ def _products(o):
             lambda: torch.bmm(o["w2"].transpose(1, 2), o["dy"].transpose(1, 2)),
         ),
         "down_dw": (
-            lambda n: kernels().expert_down_dw(o["dy"], o["g"], n),
+            lambda n: kernels().expert_down_dw(o["dy"], o["g"], n)[0],
             lambda: torch.bmm(o["dy"].transpose(1, 2), o["g"].transpose(1, 2)),
         ),
         "up_dx": (
             lambda n: kernels().expert_up_dx(o["dh"], o["w13"], n),
             lambda: torch.bmm(o["dh"].transpose(1, 2), o["w13"]),
         ),
-        "up_dw": (lambda n: kernels().expert_up_dw(o["dh"], o["x"], n), lambda: torch.bmm(o["dh"], o["x"])),
+        "up_dw": (
+            lambda n: kernels().expert_up_dw(o["dh"], o["x"], n)[0],
+            lambda: torch.bmm(o["dh"], o["x"]),
+        ),
     }
 
 
@@ -138,3 +142,37 @@ def test_moe_layer_takes_the_expert_gemms_and_matches_the_loop():
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
     for a, b in zip(ref[2:], got[2:]):  # weight gradients: sums of 2-60 bf16 products, rounded differently
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+@needs_expert_gemm
+def test_weight_gradient_products_sum_their_squares_deterministically():
+    counts = [112, 96, 65, 0, 3]
+    o = _operands(5, 256, 256, 112, counts, seed=3)
+    n = torch.tensor(counts, dtype=torch.long)
+    for name, call in (
+        ("down_dw", lambda: kernels().expert_down_dw(o["dy"], o["g"], n)),
+        ("up_dw", lambda: kernels().expert_up_dw(o["dh"], o["x"], n)),
+    ):
+        dw, sumsq = call()
+        assert sumsq == pytest.approx(dw.double().square().sum().item(), rel=1e-6), name
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            assert call()[1] == sumsq, name  # the same sum whichever thread took which expert
+        finally:
+            torch.set_num_threads(threads)
+
+
+def test_recorded_sum_of_squares_is_used_only_for_the_unchanged_gradient():
+    w, g = torch.zeros(4), torch.ones(4)
+    ops.record_grad_sumsq(w, g, 4.0)
+    assert ops.take_grad_sumsq(w, g.clone()) is None  # another tensor
+    assert ops.take_grad_sumsq(w, g) is None  # entries are consumed
+    ops.record_grad_sumsq(w, g, 4.0)
+    g.mul_(2)  # changed in place since (e.g. accumulated into)
+    assert ops.take_grad_sumsq(w, g) is None
+    ops.record_grad_sumsq(w, g, 16.0)
+    assert ops.take_grad_sumsq(w, g) == 16.0
+    ops.record_grad_sumsq(w, g, 16.0)
+    ops.clear_grad_sumsq()
+    assert ops.take_grad_sumsq(w, g) is None

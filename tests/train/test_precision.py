@@ -133,3 +133,46 @@ def test_replica_gradients_reach_an_optimizer_the_fused_step_cannot_take(monkeyp
     assert all(not torch.equal(p, b) for p, b in zip(master.parameters(), before))
     for c, m in zip(mp.compute.parameters(), master.parameters()):
         assert c.grad is None and torch.equal(c, m.bfloat16())
+
+
+@needs_kernels
+def test_gradient_norm_reuses_the_expert_kernels_sums_of_squares(monkeypatch):
+    """With bf16 MoE experts on the padding-skipping kernels, the fused step takes the expert
+    weight gradients' sums of squares from the kernels that computed them, and the norm (so the
+    clipped update) matches the one that reads every gradient."""
+    from ernie5.kernels import ops
+    from ernie5.model.config import MoEConfig
+    from ernie5.model.moe import MoE
+
+    if not kernels().expert_gemm_available():
+        pytest.skip("the expert GEMM kernels need an AVX512-BF16 build")
+    monkeypatch.setenv("ERNIE5_KERNELS", "auto")
+
+    def run(reuse):
+        torch.manual_seed(0)
+        master = MoE(64, MoEConfig(n_experts=8, d_expert=32, top_k=2))
+        for p in master.parameters():
+            nn.init.normal_(p, std=0.1)
+        mp = MixedPrecision(master, "bf16")
+        opt = torch.optim.AdamW(master.parameters(), lr=1e-2, fused=True)
+        hits = []
+        take = ops.take_grad_sumsq
+
+        def counted(param, grad):
+            got = take(param, grad) if reuse else None
+            hits.append(got is not None)
+            return got
+
+        monkeypatch.setattr(ops, "take_grad_sumsq", counted)
+        y, _ = mp.compute(torch.randn(2, 40, 64).bfloat16())
+        y.float().square().sum().backward()
+        mp.accumulate_grads(only_micro_batch=True)
+        norm = mp.step(opt, 0.5)
+        return norm, hits, [p.detach().clone() for p in master.parameters()]
+
+    norm, hits, params = run(reuse=True)
+    ref_norm, ref_hits, ref_params = run(reuse=False)
+    assert sum(hits) == 2 and not any(ref_hits)  # w13 and w2 came with their sums
+    assert norm == pytest.approx(ref_norm, rel=1e-6)
+    for p, q in zip(params, ref_params):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
