@@ -17,7 +17,8 @@ MoE gathers and combines 1.1 -> 0.4 ms per layer, the cross-entropy rows of ``(2
 logits 5.7 -> 2.3 ms, attention forward + backward per layer 8.4 -> 4.0 ms, the optimizer phase of
 a step 154 -> 80 ms; a whole training step ~690 -> ~390 ms (``ernie5 bench train``,
 ``ERNIE5_KERNELS=off`` vs default, alternating runs). Those figures are from a 2-core Xeon with
-AMX; on a 2-core Zen 5 (AVX512-BF16, no AMX) the whole step went ~605 -> ~330 ms.
+AMX; on a 2-core Zen 5 (AVX512-BF16, no AMX) the whole step went 567-597 -> 313 ms with the
+expert GEMMs of ``cpu_expert_gemm.cpp``, which alone took it from ~309 to ~287 ms (alternating).
 
 The extension is built with ``torch.utils.cpp_extension`` the first time a process needs it
 (about 30 s on 2 cores, then cached in ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,
