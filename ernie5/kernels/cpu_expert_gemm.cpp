@@ -258,48 +258,48 @@ void check3(const torch::Tensor& t, const char* name) {
 
 bool expert_gemm_available() { return true; }
 
+// out (E, M, C) = w (E, M, K) @ t_e over each expert's valid slots, the weight rows broadcast as
+// they lie and the token operand t_e (K x valid slots) packed per expert by pack(e, n, buf, width);
+// pad columns zero. The forward products, up and down.
+template <typename Pack>
+torch::Tensor weight_times_tokens(const torch::Tensor& w, int64_t cap, const std::vector<int64_t>& nv,
+                                  const Pack& pack) {
+  int64_t e_n = w.size(0), m = w.size(1), k = w.size(2), k2 = k / 2;
+  auto out = torch::empty({e_n, m, cap}, w.options());
+  const uint16_t* W = ptr<uint16_t>(w);
+  uint16_t* O = ptr<uint16_t>(out);
+  for_experts(e_n, k2 * up16(cap), [&](int64_t e, uint32_t* bp) {
+    uint16_t* oe = O + e * m * cap;
+    int64_t ne = nv[e];
+    pack(e, ne, bp, up16(ne));
+    gemm(m, ne, k2, reinterpret_cast<const uint32_t*>(W + e * m * k), k2, 1, bp, up16(ne), oe, cap);
+    zero_cols(oe, m, cap, ne);
+  });
+  return out;
+}
+
 // h (E, 2F, C) = w13 (E, 2F, D) @ x (E, C, D)^T over the valid slots.
 torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n) {
   check3(w13, "w13");
   check3(x, "x");
-  int64_t e_n = w13.size(0), f2 = w13.size(1), d = w13.size(2), cap = x.size(1);
+  int64_t e_n = w13.size(0), d = w13.size(2), cap = x.size(1);
   TORCH_CHECK(x.size(0) == e_n && x.size(2) == d && d % 2 == 0, "expert_up: shapes ", w13.sizes(), " and ", x.sizes());
-  auto nv = valid_counts(n, e_n, cap);
-  auto h = torch::empty({e_n, f2, cap}, w13.options());
-  const uint16_t* W = ptr<uint16_t>(w13);
   const uint16_t* X = ptr<uint16_t>(x);
-  uint16_t* H = ptr<uint16_t>(h);
-  int64_t k2 = d / 2, width = up16(cap);
-  for_experts(e_n, k2 * width, [&](int64_t e, uint32_t* bp) {
-    uint16_t* he = H + e * f2 * cap;
-    int64_t ne = nv[e];
-    pack_t(X + e * cap * d, ne, d, d, bp, up16(ne));
-    gemm(f2, ne, k2, reinterpret_cast<const uint32_t*>(W + e * f2 * d), k2, 1, bp, up16(ne), he, cap);
-    zero_cols(he, f2, cap, ne);
+  return weight_times_tokens(w13, cap, valid_counts(n, e_n, cap), [&](int64_t e, int64_t ne, uint32_t* bp, int64_t w) {
+    pack_t(X + e * cap * d, ne, d, d, bp, w);  // [d/2][slots]: (x[c, 2k], x[c, 2k+1])
   });
-  return h;
 }
 
 // y (E, D, C) = w2 (E, D, F) @ g (E, F, C) over the valid slots.
 torch::Tensor expert_down(torch::Tensor w2, torch::Tensor g, torch::Tensor n) {
   check3(w2, "w2");
   check3(g, "g");
-  int64_t e_n = w2.size(0), d = w2.size(1), f = w2.size(2), cap = g.size(2);
+  int64_t e_n = w2.size(0), f = w2.size(2), cap = g.size(2);
   TORCH_CHECK(g.size(0) == e_n && g.size(1) == f && f % 2 == 0, "expert_down: shapes ", w2.sizes(), " and ", g.sizes());
-  auto nv = valid_counts(n, e_n, cap);
-  auto y = torch::empty({e_n, d, cap}, w2.options());
-  const uint16_t* W = ptr<uint16_t>(w2);
   const uint16_t* G = ptr<uint16_t>(g);
-  uint16_t* Y = ptr<uint16_t>(y);
-  int64_t k2 = f / 2, width = up16(cap);
-  for_experts(e_n, k2 * width, [&](int64_t e, uint32_t* bp) {
-    uint16_t* ye = Y + e * d * cap;
-    int64_t ne = nv[e];
-    pack_i(G + e * f * cap, f, cap, ne, bp, up16(ne));
-    gemm(d, ne, k2, reinterpret_cast<const uint32_t*>(W + e * d * f), k2, 1, bp, up16(ne), ye, cap);
-    zero_cols(ye, d, cap, ne);
+  return weight_times_tokens(w2, cap, valid_counts(n, e_n, cap), [&](int64_t e, int64_t ne, uint32_t* bp, int64_t w) {
+    pack_i(G + e * f * cap, f, cap, ne, bp, w);  // [f/2][slots]: (g[2k, c], g[2k+1, c])
   });
-  return y;
 }
 
 // dg (E, F, C) = w2 (E, D, F)^T @ dy (E, C, D)^T over the valid slots.
@@ -338,6 +338,30 @@ double ordered_sum(const std::vector<double>& parts) {
   return total;
 }
 
+// out (E, M, N) = sum over each expert's valid slots c of a_e[c, m] b_e[c, n]: the weight
+// gradients, both operands packed per expert ([slot pairs][M] and [slot pairs][N] dwords, by
+// pack_a(e, n, buf) and pack_b(e, n, buf)), written with streaming stores; also the sum of squares
+// of out as stored.
+template <typename PackA, typename PackB>
+std::tuple<torch::Tensor, double> sum_over_slots(const torch::Tensor& like, int64_t m, int64_t n_out, int64_t cap,
+                                                 const std::vector<int64_t>& nv, const PackA& pack_a,
+                                                 const PackB& pack_b) {
+  int64_t e_n = static_cast<int64_t>(nv.size());
+  auto out = torch::empty({e_n, m, n_out}, like.options());
+  uint16_t* O = ptr<uint16_t>(out);
+  std::vector<double> sq(e_n, 0.0);
+  for_experts(e_n, (cap + 1) / 2 * (m + n_out), [&](int64_t e, uint32_t* buf) {
+    int64_t ne = nv[e], k2 = (ne + 1) / 2;
+    uint32_t* ap = buf;
+    uint32_t* bp = buf + k2 * m;
+    pack_a(e, ne, ap);
+    pack_b(e, ne, bp);
+    gemm(m, n_out, k2, ap, 1, m, bp, n_out, O + e * m * n_out, n_out, true, &sq[e]);
+    _mm_sfence();
+  });
+  return {out, ordered_sum(sq)};
+}
+
 // dw2 (E, D, F) = dy (E, C, D)^T @ g (E, F, C)^T, summed over the valid slots; also the sum of
 // squares of dw2 (as stored), for the gradient norm.
 std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n) {
@@ -346,23 +370,12 @@ std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor
   int64_t e_n = dy.size(0), cap = dy.size(1), d = dy.size(2), f = g.size(1);
   TORCH_CHECK(g.size(0) == e_n && g.size(2) == cap && f % 16 == 0, "expert_down_dw: shapes ", dy.sizes(), " and ",
               g.sizes());
-  auto nv = valid_counts(n, e_n, cap);
-  auto dw = torch::empty({e_n, d, f}, dy.options());
   const uint16_t* DY = ptr<uint16_t>(dy);
   const uint16_t* G = ptr<uint16_t>(g);
-  uint16_t* DW = ptr<uint16_t>(dw);
-  int64_t k2max = (cap + 1) / 2;
-  std::vector<double> sq(e_n, 0.0);
-  for_experts(e_n, k2max * (d + f), [&](int64_t e, uint32_t* buf) {
-    int64_t ne = nv[e], k2 = (ne + 1) / 2;
-    uint32_t* ap = buf;           // [k2][d]: (dy[2k, d], dy[2k+1, d])
-    uint32_t* bp = buf + k2 * d;  // [k2][f]: (g[f, 2k], g[f, 2k+1])
-    pack_i(DY + e * cap * d, ne, d, d, ap, d);
-    pack_t(G + e * f * cap, f, cap, ne, bp, f);
-    gemm(d, f, k2, ap, 1, d, bp, f, DW + e * d * f, f, true, &sq[e]);
-    _mm_sfence();
-  });
-  return {dw, ordered_sum(sq)};
+  return sum_over_slots(
+      dy, d, f, cap, valid_counts(n, e_n, cap),
+      [&](int64_t e, int64_t ne, uint32_t* ap) { pack_i(DY + e * cap * d, ne, d, d, ap, d); },  // (dy[2k, d], dy[2k+1, d])
+      [&](int64_t e, int64_t ne, uint32_t* bp) { pack_t(G + e * f * cap, f, cap, ne, bp, f); });  // (g[f, 2k], g[f, 2k+1])
 }
 
 // dx (E, C, D) = dh (E, 2F, C)^T @ w13 (E, 2F, D) over the valid slots (pad rows zero).
@@ -401,23 +414,12 @@ std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor dh, torch::Tensor x
   int64_t e_n = dh.size(0), f2 = dh.size(1), cap = dh.size(2), d = x.size(2);
   TORCH_CHECK(x.size(0) == e_n && x.size(1) == cap && d % 16 == 0, "expert_up_dw: shapes ", dh.sizes(), " and ",
               x.sizes());
-  auto nv = valid_counts(n, e_n, cap);
-  auto dw = torch::empty({e_n, f2, d}, dh.options());
   const uint16_t* DH = ptr<uint16_t>(dh);
   const uint16_t* X = ptr<uint16_t>(x);
-  uint16_t* DW = ptr<uint16_t>(dw);
-  int64_t k2max = (cap + 1) / 2;
-  std::vector<double> sq(e_n, 0.0);
-  for_experts(e_n, k2max * (f2 + d), [&](int64_t e, uint32_t* buf) {
-    int64_t ne = nv[e], k2 = (ne + 1) / 2;
-    uint32_t* ap = buf;            // [k2][f2]: (dh[f, 2k], dh[f, 2k+1])
-    uint32_t* bp = buf + k2 * f2;  // [k2][d]: (x[2k, d], x[2k+1, d])
-    pack_t(DH + e * f2 * cap, f2, cap, ne, ap, f2);
-    pack_i(X + e * cap * d, ne, d, d, bp, d);
-    gemm(f2, d, k2, ap, 1, f2, bp, d, DW + e * f2 * d, d, true, &sq[e]);
-    _mm_sfence();
-  });
-  return {dw, ordered_sum(sq)};
+  return sum_over_slots(
+      dh, f2, d, cap, valid_counts(n, e_n, cap),
+      [&](int64_t e, int64_t ne, uint32_t* ap) { pack_t(DH + e * f2 * cap, f2, cap, ne, ap, f2); },  // (dh[f, 2k], dh[f, 2k+1])
+      [&](int64_t e, int64_t ne, uint32_t* bp) { pack_i(X + e * cap * d, ne, d, d, bp, d); });  // (x[2k, d], x[2k+1, d])
 }
 
 #else
