@@ -12,8 +12,9 @@ Shape: the nano MoE layer (d_model 256, 64 experts x 256, top-2) on ``tokens`` t
 plain fp32 (training runs a bf16 replica, i.e. the ``bf16`` row). Gradients are reset to None
 before every repeat.
 
-The headline figures route with the router at random init (max/mean expert load about 1.6 here,
-so the padded levels carry idle rows). In training the aux-free bias flattens the load within
+The headline figures route with the router at random init (max/mean expert load about 1.6 here:
+the padded levels of the ``bmm`` path carry idle rows, which the bf16 expert GEMM kernels skip, but
+the activations and gathers still see the padded shapes). In training the aux-free bias flattens the load within
 tens of steps, so each row also reports the same layer after ``settle_steps`` bias updates on the
 bench input (the training rule at the report's initial speed 1e-4, on an fp32 copy of the bias as
 the trainer's master keeps it):
