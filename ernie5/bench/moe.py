@@ -16,9 +16,8 @@ The headline figures route with the router at random init (max/mean expert load 
 the padded levels of the ``bmm`` path carry idle rows, which the bf16 expert GEMM kernels skip, but
 the activations and gathers still see the padded shapes). In training the aux-free bias flattens
 the load within tens of steps, so each row also reports the same layer after ``settle_steps`` bias
-updates on the
-bench input (the training rule at the report's initial speed 1e-4, on an fp32 copy of the bias as
-the trainer's master keeps it):
+updates on the bench input (the training rule at the report's initial speed 1e-4, on an fp32 copy
+of the bias as the trainer's master keeps it):
 ``moe_ms_settled``, ``dense_equiv_ratio_settled`` and ``load_max_over_mean_settled``. The layer,
 its settled copy and the dense chain are timed in alternating rounds
 (:func:`ernie5.bench.timing.alternating_medians`), so their ratios compare runs taken moments apart.
