@@ -344,14 +344,19 @@ inline void swiglu_fwd_row(const T* __restrict g, const T* __restrict u, const T
   }
 }
 
+// Columns a row loop runs over for cv valid slots of c: cv rounded up to whole 16-lane vectors
+// (at most c), so the vector loop has no scalar remainder (GCC 12 finishes an `omp simd` loop with
+// scalar iterations, each a scalar exp here); what it computes past cv is overwritten with zeros.
+inline int64_t vector_width(int64_t cv, int64_t c) { return std::min(c, (cv + 15) / 16 * 16); }
+
 template <typename T>
 void swiglu_fwd_impl(const T* h, const T* gate, T* out, int64_t e, int64_t f, int64_t c, const int64_t* nv) {
   parallel_dynamic(e, [=](int64_t ei) {  // experts of uneven loads: handed out one at a time
-    int64_t cv = nv ? nv[ei] : c;
+    int64_t cv = nv ? nv[ei] : c, cw = vector_width(cv, c);
     for (int64_t fi = 0; fi < f; ++fi) {
       int64_t r = ei * f + fi;
       const T* g = h + (ei * 2 * f + fi) * c;
-      swiglu_fwd_row(g, g + f * c, gate + ei * c, out + r * c, cv);
+      swiglu_fwd_row(g, g + f * c, gate + ei * c, out + r * c, cw);
       std::fill(out + r * c + cv, out + (r + 1) * c, T(0));  // pad slots: what h = 0 would give
     }
   });
@@ -380,15 +385,16 @@ void swiglu_bwd_impl(const T* dout, const T* h, const T* gate, T* dh, float* dga
   std::vector<std::vector<float>> accs(at::get_num_threads(), std::vector<float>(c));
   parallel_dynamic(e, [&](int64_t ei) {  // experts of uneven loads: handed out one at a time
     std::vector<float>& acc = accs[at::get_thread_num()];
-    int64_t cv = nv ? nv[ei] : c;
+    int64_t cv = nv ? nv[ei] : c, cw = vector_width(cv, c);
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t fi = 0; fi < f; ++fi) {
       const T* g = h + (ei * 2 * f + fi) * c;
       T* dg = dh + (ei * 2 * f + fi) * c;
-      swiglu_bwd_row(dout + (ei * f + fi) * c, g, g + f * c, gate + ei * c, dg, dg + f * c, acc.data(), cv);
+      swiglu_bwd_row(dout + (ei * f + fi) * c, g, g + f * c, gate + ei * c, dg, dg + f * c, acc.data(), cw);
       std::fill(dg + cv, dg + c, T(0));  // pad slots: zero, as h = 0 and d_out = 0 there would give
       std::fill(dg + f * c + cv, dg + f * c + c, T(0));
     }
+    std::fill(acc.begin() + cv, acc.end(), 0.f);
     std::copy(acc.begin(), acc.end(), dgate + ei * c);
   });
 }
