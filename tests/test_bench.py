@@ -17,6 +17,7 @@ def test_bench_moe_reports_both_ratios_per_dtype():
         # The ceilings: GEMMs alone, then GEMMs plus the dense chain's own activation cost.
         assert d["dense_equiv_ratio_gemm_only"] == pytest.approx(d["dense_ms"] / d["gemm_only_ms"])
         assert d["dense_equiv_ratio_ceiling"] <= d["dense_equiv_ratio_gemm_only"] + 1e-9
+        assert d["gemm_only_bmm_ms"] > 0  # the same products through torch.bmm, for comparison
         # The same layer once the aux-free bias has moved (training's steady state).
         assert d["dense_equiv_ratio_settled"] == pytest.approx(d["dense_ms"] / d["moe_ms_settled"])
         assert d["load_max_over_mean_settled"] >= 1.0 and d["load_max_over_mean"] >= 1.0

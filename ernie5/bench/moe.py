@@ -29,6 +29,8 @@ build, oneDNN's ``bmm`` otherwise) could go:
     perfectly balanced layer (``tokens * top_k / n_experts`` rows per expert, no padding, no
     routing, gathers, scatters or activations); ``dense_equiv_ratio_gemm_only`` is the ratio a
     layer made of nothing else would reach;
+  * ``gemm_only_bmm_ms``: the same six products through oneDNN's ``torch.bmm`` (the reference the
+    expert kernels are measured against; equal to ``gemm_only_ms`` where the layer runs bmm);
   * ``dense_gemm_ms``: the dense chain's three GEMMs and their gradients alone, so
     ``dense_ms - dense_gemm_ms`` is what the dense chain spends on the SwiGLU activation and
     autograd; ``dense_equiv_ratio_ceiling = dense_ms / (gemm_only_ms + dense_ms - dense_gemm_ms)``
@@ -78,13 +80,14 @@ def _dense_step(n_rows: int, d: int, f: int, dtype: torch.dtype, autocast: bool)
 
 def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype):
     """The six GEMMs of a balanced expert layer (batched, the layout and the kernels
-    `_GroupedSwiGLU` uses) and of the dense chain, without anything else."""
+    `_GroupedSwiGLU` uses; ``experts_bmm``: the same through ``torch.bmm``) and of the dense chain,
+    without anything else."""
     c = n_rows // n_experts
     w13, w2 = torch.randn(n_experts, 2 * f, d, dtype=dtype), torch.randn(n_experts, d, f, dtype=dtype)
     x, dy = torch.randn(n_experts, c, d, dtype=dtype), torch.randn(n_experts, c, d, dtype=dtype)
     act, d_h = torch.randn(n_experts, f, c, dtype=dtype), torch.randn(n_experts, 2 * f, c, dtype=dtype)
 
-    def experts():
+    def experts_bmm():
         torch.bmm(w13, x.transpose(1, 2))
         torch.bmm(w2, act)
         torch.bmm(dy.transpose(1, 2), act.transpose(1, 2))
@@ -92,6 +95,7 @@ def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype)
         torch.bmm(d_h, x)
         torch.bmm(d_h.transpose(1, 2), w13)
 
+    experts = experts_bmm
     if ops.expert_gemm_fusable(x[0], w13, w2):  # what `_GroupedSwiGLU` runs in bf16 here
         k, n_E = kernels(), torch.full((n_experts,), c, dtype=torch.long)
 
@@ -115,7 +119,7 @@ def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype)
         dhd.t() @ xd
         dhd @ w13d
 
-    return experts, dense
+    return {"experts": experts, "experts_bmm": experts_bmm, "dense": dense}
 
 
 def _settle_router(layer: MoE, x: torch.Tensor, steps: int, speed: float = 1e-4) -> None:
@@ -158,7 +162,7 @@ def bench_moe(
     }
     rows = x0.numel() // d_model * cfg.top_k
     flops = 6 * rows * 3 * d_model * cfg.d_expert
-    ceilings: dict[torch.dtype, tuple[float, float]] = {}  # GEMM dtype -> (experts s, dense s)
+    ceilings: dict[torch.dtype, dict[str, float]] = {}  # GEMM dtype -> seconds of each _gemm_steps step
     for name, dtype, autocast in (
         ("bf16", torch.bfloat16, False),
         ("bf16_autocast", torch.float32, True),
@@ -183,9 +187,9 @@ def bench_moe(
         gemm_dtype = torch.bfloat16 if autocast else dtype  # autocast runs the experts in bf16
         if gemm_dtype not in ceilings:
             steps = _gemm_steps(rows, d_model, cfg.d_expert, cfg.n_experts, gemm_dtype)
-            timed = alternating_medians(dict(zip(("experts", "dense"), steps)), repeats)
-            ceilings[gemm_dtype] = (timed["experts"], timed["dense"])
-        gemm_s, dense_gemm_s = ceilings[gemm_dtype]
+            ceilings[gemm_dtype] = alternating_medians(steps, repeats)
+        gemm = ceilings[gemm_dtype]
+        gemm_s, dense_gemm_s = gemm["experts"], gemm["dense"]
         out[name] = {
             "moe_ms": moe_s * 1e3,
             "dense_ms": dense_s * 1e3,
@@ -199,6 +203,7 @@ def bench_moe(
             "dense_equiv_ratio_settled": dense_s / settled_s,
             "load_max_over_mean_settled": _load_ratio(settled, x.detach()),
             "gemm_only_ms": gemm_s * 1e3,
+            "gemm_only_bmm_ms": gemm["experts_bmm"] * 1e3,
             "dense_gemm_ms": dense_gemm_s * 1e3,
             "dense_equiv_ratio_gemm_only": dense_s / gemm_s,
             "dense_equiv_ratio_ceiling": dense_s / (gemm_s + max(dense_s - dense_gemm_s, 0.0)),
