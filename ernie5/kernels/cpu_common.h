@@ -1,6 +1,6 @@
-// Helpers shared by cpu_kernels.cpp and cpu_attention.cpp: bf16 <-> fp32 conversion (bf16
-// handled as raw uint16 bits; scalar, and 16 lanes on AVX-512), a vectorisable exp, raw data
-// pointers and input checks.
+// Helpers shared by cpu_kernels.cpp, cpu_attention.cpp and cpu_expert_gemm.cpp: bf16 <-> fp32
+// conversion (bf16 handled as raw uint16 bits; scalar, and 16 lanes on AVX-512), a vectorisable
+// exp, dynamic scheduling of uneven items (experts), raw data pointers and input checks.
 #pragma once
 
 #include <torch/extension.h>
@@ -95,6 +95,16 @@ inline void check(const torch::Tensor& t, const char* name, at::ScalarType dtype
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+}
+
+// The valid rows (slots) of each expert in a padded (E, cap, ...) level: one int64 per expert, each
+// in [0, cap]; `what` names them in the errors.
+inline const int64_t* expert_counts(const torch::Tensor& n, int64_t n_exp, int64_t cap, const char* what) {
+  TORCH_CHECK(n.device().is_cpu() && n.scalar_type() == torch::kLong && n.is_contiguous() && n.numel() == n_exp, what,
+              "s: one int64 count per expert expected, got ", n.numel(), " for ", n_exp, " experts");
+  const int64_t* p = n.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n_exp; ++i) TORCH_CHECK(p[i] >= 0 && p[i] <= cap, what, " ", p[i], " outside [0, ", cap, "]");
+  return p;
 }
 
 }  // namespace ernie5_kernels

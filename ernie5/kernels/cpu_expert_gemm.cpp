@@ -242,13 +242,8 @@ void zero_cols(uint16_t* c, int64_t rows, int64_t ldc, int64_t from) {
   for (int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc + from, c + (r + 1) * ldc, uint16_t{0});
 }
 
-std::vector<int64_t> valid_counts(const torch::Tensor& n, int64_t n_exp, int64_t cap) {
-  TORCH_CHECK(n.scalar_type() == torch::kLong && n.numel() == n_exp, "expert gemm: one int64 count per expert expected");
-  auto nc = n.contiguous();
-  const int64_t* p = nc.data_ptr<int64_t>();
-  std::vector<int64_t> out(p, p + n_exp);
-  for (int64_t v : out) TORCH_CHECK(v >= 0 && v <= cap, "expert gemm: valid count ", v, " outside [0, ", cap, "]");
-  return out;
+const int64_t* valid_counts(const torch::Tensor& n, int64_t n_exp, int64_t cap) {
+  return expert_counts(n, n_exp, cap, "expert gemm: valid count");
 }
 
 void check3(const torch::Tensor& t, const char* name) {
@@ -268,8 +263,7 @@ bool expert_gemm_available() { return true; }
 // they lie and the token operand t_e (K x valid slots) packed per expert by pack(e, n, buf, width);
 // pad columns zero. The forward products, up and down.
 template <typename Pack>
-torch::Tensor weight_times_tokens(const torch::Tensor& w, int64_t cap, const std::vector<int64_t>& nv,
-                                  const Pack& pack) {
+torch::Tensor weight_times_tokens(const torch::Tensor& w, int64_t cap, const int64_t* nv, const Pack& pack) {
   int64_t e_n = w.size(0), m = w.size(1), k = w.size(2), k2 = k / 2;
   auto out = torch::empty({e_n, m, cap}, w.options());
   const uint16_t* W = ptr<uint16_t>(w);
@@ -350,9 +344,8 @@ double ordered_sum(const std::vector<double>& parts) {
 // of out as stored.
 template <typename PackA, typename PackB>
 std::tuple<torch::Tensor, double> sum_over_slots(const torch::Tensor& like, int64_t m, int64_t n_out, int64_t cap,
-                                                 const std::vector<int64_t>& nv, const PackA& pack_a,
-                                                 const PackB& pack_b) {
-  int64_t e_n = static_cast<int64_t>(nv.size());
+                                                 const int64_t* nv, const PackA& pack_a, const PackB& pack_b) {
+  int64_t e_n = like.size(0);
   auto out = torch::empty({e_n, m, n_out}, like.options());
   uint16_t* O = ptr<uint16_t>(out);
   std::vector<double> sq(e_n, 0.0);

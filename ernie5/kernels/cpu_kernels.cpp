@@ -400,14 +400,9 @@ void swiglu_bwd_impl(const T* dout, const T* h, const T* gate, T* dh, float* dga
 }
 
 // Valid slots per expert (the rest of each expert's C slots are padding and are written as zero
-// without being read), or nullptr for all C.
+// without being read), or nullptr (an empty tensor) for all C.
 const int64_t* slot_counts(const torch::Tensor& n, int64_t e, int64_t c) {
-  if (n.numel() == 0) return nullptr;
-  check(n, "slot counts", torch::kLong);
-  TORCH_CHECK(n.numel() == e, "slot counts: ", n.numel(), " for ", e, " experts");
-  const int64_t* p = n.data_ptr<int64_t>();
-  for (int64_t i = 0; i < e; ++i) TORCH_CHECK(p[i] >= 0 && p[i] <= c, "slot count ", p[i], " outside [0, ", c, "]");
-  return p;
+  return n.numel() == 0 ? nullptr : expert_counts(n, e, c, "slot count");
 }
 
 torch::Tensor swiglu_gate_fwd(torch::Tensor h, torch::Tensor gate, torch::Tensor n) {
