@@ -128,12 +128,67 @@ std::vector<torch::Tensor> rms_norm_bwd(torch::Tensor dy, torch::Tensor x, torch
 // one head are unrolled; DH = 0 is the generic runtime-size version. The rotation is computed into
 // the fp32 scratch row ``tmp`` and rounded in a separate loop: with the rounding in the same loop GCC
 // kept the whole rotation scalar (measured: 1.9 ms per nano layer, now about a quarter of it).
+// With AVX-512 and a head dim that is a multiple of 32 (each half whole 16-lane vectors) the rows
+// run on explicit vectors instead: on rows this short, the horizontal sums GCC emitted for the loops'
+// reductions (QK-norm's sum of squares, the backward's dot product: chains of shuffles and scalar
+// adds) and the scalar table rounding dominated. Nano shape (B 8, T 256, 8 + 2 + 2 heads of 32,
+// bf16), isolated: forward 0.27 -> 0.12 ms, backward 0.38 -> 0.12 ms; nano training step, in-process
+// A/B over 10 alternating steps: -3.5 to -10.5 ms (median paired difference, two runs).
 // ``wf`` is all ones without QK-norm (multiplying by it is exact).
+
+// One row's RoPE tables in the activation dtype T (bf16: rounded as from_f, then widened back).
+template <typename T>
+inline void rope_tables(const float* cos, const float* sin, int64_t p, float* cs, float* sn) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= p; j += 16) {
+    __m512 c = _mm512_loadu_ps(cos + j), s = _mm512_loadu_ps(sin + j);
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      _mm512_storeu_ps(cs + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round16(c)), 16)));
+      _mm512_storeu_ps(sn + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round16(s)), 16)));
+    } else {
+      _mm512_storeu_ps(cs + j, c);
+      _mm512_storeu_ps(sn + j, s);
+    }
+  }
+#endif
+  for (; j < p; ++j) {
+    cs[j] = to_f(from_f<T>(cos[j]));
+    sn[j] = to_f(from_f<T>(sin[j]));
+  }
+}
+
 template <typename T, int DH>
 inline void norm_rope_row(const T* __restrict__ x, T* __restrict__ out, const float* __restrict__ wf, bool norm,
                           float eps, const float* __restrict__ cs, const float* __restrict__ sn, int64_t dh_,
                           float* rstd_out, float* __restrict__ tmp) {
   const int64_t dh = DH > 0 ? DH : dh_, p = dh / 2;
+#if defined(__AVX512F__)
+  if constexpr (DH > 0 && DH % 32 == 0) {  // whole 16-lane vectors per half (see rope_vectors)
+    constexpr int NV = DH / 32;
+    __m512 a[NV], b[NV];
+    for (int v = 0; v < NV; ++v) {
+      a[v] = load16(x + 16 * v);
+      b[v] = load16(x + DH / 2 + 16 * v);
+    }
+    float rs = 1.f;
+    if (norm) {
+      __m512 ss = _mm512_setzero_ps();
+      for (int v = 0; v < NV; ++v) ss = _mm512_fmadd_ps(b[v], b[v], _mm512_fmadd_ps(a[v], a[v], ss));
+      rs = 1.f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(DH) + eps);
+    }
+    *rstd_out = rs;
+    const __m512 r = _mm512_set1_ps(rs);
+    for (int v = 0; v < NV; ++v) {
+      __m512 n1 = _mm512_mul_ps(_mm512_mul_ps(a[v], r), _mm512_loadu_ps(wf + 16 * v));
+      __m512 n2 = _mm512_mul_ps(_mm512_mul_ps(b[v], r), _mm512_loadu_ps(wf + DH / 2 + 16 * v));
+      __m512 c = _mm512_loadu_ps(cs + 16 * v), s = _mm512_loadu_ps(sn + 16 * v);
+      store16(out + 16 * v, _mm512_sub_ps(_mm512_mul_ps(n1, c), _mm512_mul_ps(n2, s)));
+      store16(out + DH / 2 + 16 * v, _mm512_add_ps(_mm512_mul_ps(n2, c), _mm512_mul_ps(n1, s)));
+    }
+    return;
+  }
+#endif
   float rs = 1.f;
   if (norm) {
     float ss = 0.f;
@@ -177,10 +232,7 @@ void qk_rope_fwd_impl(const T* qkv, const T* qw, const T* kw, const float* cos, 
       }
     for (int64_t r = r0; r < r1; ++r) {
       int64_t bi = r / t, ti = r % t;
-      for (int64_t j = 0; j < p; ++j) {  // tables in the activation dtype
-        cs[j] = to_f(from_f<T>(cos[r * p + j]));
-        sn[j] = to_f(from_f<T>(sin[r * p + j]));
-      }
+      rope_tables<T>(cos + r * p, sin + r * p, p, cs.data(), sn.data());
       const T* row = qkv + r * nh * dh;
       for (int64_t hi = 0; hi < h; ++hi)
         norm_rope_row<T, DH>(row + hi * dh, q + ((bi * h + hi) * t + ti) * dh, qwf.data(), norm, eps, cs.data(),
@@ -200,6 +252,35 @@ inline void norm_rope_row_bwd(const T* __restrict__ x, const T* __restrict__ dou
                               const float* __restrict__ cs, const float* __restrict__ sn, int64_t dh_,
                               float* __restrict__ dn) {
   const int64_t dh = DH > 0 ? DH : dh_, p = dh / 2;
+#if defined(__AVX512F__)
+  if constexpr (DH > 0 && DH % 32 == 0) {  // the same steps on whole vectors
+    constexpr int NV = DH / 32, P = DH / 2;
+    __m512 g[2 * NV];
+    for (int v = 0; v < NV; ++v) {  // transpose of the rotation
+      __m512 d1 = load16(dout + 16 * v), d2 = load16(dout + P + 16 * v);
+      __m512 c = _mm512_loadu_ps(cs + 16 * v), s = _mm512_loadu_ps(sn + 16 * v);
+      g[v] = _mm512_add_ps(_mm512_mul_ps(d1, c), _mm512_mul_ps(d2, s));
+      g[NV + v] = _mm512_sub_ps(_mm512_mul_ps(d2, c), _mm512_mul_ps(d1, s));
+    }
+    if (!norm) {
+      for (int v = 0; v < 2 * NV; ++v) store16(dx + 16 * v, g[v]);
+      return;
+    }
+    const __m512 r = _mm512_set1_ps(rs);
+    __m512 xs[2 * NV], dot = _mm512_setzero_ps();
+    for (int v = 0; v < 2 * NV; ++v) {
+      xs[v] = load16(x + 16 * v);
+      __m512 xh = _mm512_mul_ps(xs[v], r);
+      _mm512_storeu_ps(dwp + 16 * v, _mm512_fmadd_ps(g[v], xh, _mm512_loadu_ps(dwp + 16 * v)));
+      g[v] = _mm512_mul_ps(g[v], _mm512_loadu_ps(wf + 16 * v));
+      dot = _mm512_fmadd_ps(g[v], xh, dot);
+    }
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_add_ps(dot) / static_cast<float>(DH));
+    for (int v = 0; v < 2 * NV; ++v)
+      store16(dx + 16 * v, _mm512_mul_ps(r, _mm512_sub_ps(g[v], _mm512_mul_ps(_mm512_mul_ps(xs[v], r), m))));
+    return;
+  }
+#endif
 #pragma omp simd
   for (int64_t j = 0; j < p; ++j) {  // transpose of the rotation
     float d1 = to_f(dout[j]), d2 = to_f(dout[j + p]);
@@ -245,10 +326,7 @@ void qk_rope_bwd_impl(const T* qkv, const T* qw, const T* kw, const float* cos, 
       float* dkw = dqw + dh;
       for (int64_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) {
         int64_t bi = r / t, ti = r % t;
-        for (int64_t j = 0; j < p; ++j) {
-          cs[j] = to_f(from_f<T>(cos[r * p + j]));
-          sn[j] = to_f(from_f<T>(sin[r * p + j]));
-        }
+        rope_tables<T>(cos + r * p, sin + r * p, p, cs.data(), sn.data());
         const T* row = qkv + r * nh * dh;
         T* drow = dqkv + r * nh * dh;
         const float* rs = rstd + r * (h + kh);
