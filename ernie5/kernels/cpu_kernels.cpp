@@ -681,15 +681,22 @@ inline void row_scores(const float* l, const bool* mask, bool sigmoid, float* p,
       for (int64_t j = 0; j < e; ++j) p[j] = mask[j] ? p[j] : 0.f;
     return;
   }
+  // Separate loops with simd reductions, so each vectorises (exp_f is branch-free).
   float mx = -INFINITY;
-  for (int64_t j = 0; j < e; ++j)
-    if (!mask || mask[j]) mx = std::max(mx, l[j]);
-  float sum = 0.f;
-  for (int64_t j = 0; j < e; ++j) {
-    float v = (!mask || mask[j]) ? exp_f(l[j] - mx) : 0.f;
-    p[j] = v;
-    sum += v;
+  if (mask) {
+    for (int64_t j = 0; j < e; ++j)
+      if (mask[j]) mx = std::max(mx, l[j]);
+  } else {
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < e; ++j) mx = std::max(mx, l[j]);
   }
+#pragma omp simd
+  for (int64_t j = 0; j < e; ++j) p[j] = exp_f(l[j] - mx);
+  if (mask)
+    for (int64_t j = 0; j < e; ++j) p[j] = mask[j] ? p[j] : 0.f;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < e; ++j) sum += p[j];
   float inv = 1.f / sum;
 #pragma omp simd
   for (int64_t j = 0; j < e; ++j) p[j] *= inv;
@@ -722,7 +729,10 @@ std::vector<torch::Tensor> route_topk_fwd(torch::Tensor logits, torch::Tensor bi
       int64_t* h = hs + c * e;
       for (int64_t r = c * chunk; r < std::min(n, (c + 1) * chunk); ++r) {
         row_scores(lg + r * e, mk, sigmoid, p.data(), e);
-        for (int64_t j = 0; j < e; ++j) sel[j] = (!mk || mk[j]) ? p[j] + bs[j] : -INFINITY;
+#pragma omp simd
+        for (int64_t j = 0; j < e; ++j) sel[j] = p[j] + bs[j];
+        if (mk)
+          for (int64_t j = 0; j < e; ++j) sel[j] = mk[j] ? sel[j] : -INFINITY;
         float total = 0.f;
         for (int64_t a = 0; a < k; ++a) {
           int64_t best = 0;
