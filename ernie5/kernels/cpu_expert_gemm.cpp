@@ -21,7 +21,7 @@
 //
 // Layouts (E experts, C = cap, D = d_model, F = d_ff, n = valid slots of the expert):
 //   up       h  (E, 2F, C) = w13 (E, 2F, D) @ x^T     x  (E, C, D)
-//   down     y  (E, D, C)  = w2  (E, D, F)  @ g       g  (E, F, C)
+//   down     y  (E, C, D)  = (w2 (E, D, F)  @ g)^T    g  (E, F, C)
 //   down_dx  dg (E, F, C)  = w2^T @ dy^T              dy (E, C, D)
 //   down_dw  dw2 (E, D, F) = dy^T @ g^T               (sum over the n valid slots)
 //   up_dx    dx (E, C, D)  = dh^T @ w13               dh (E, 2F, C)
@@ -48,13 +48,17 @@ using namespace ernie5_kernels;
 
 #ifdef ERNIE5_EXPERT_GEMM
 
+inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
+
 inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
 
 // C[r, 16 j + l] = sum_k A(r, k) . B[k][16 j + l] for r < R, j < Z; A(r, k) at a + r * ars + k * aks.
-// The last vector stores only the lanes in `tail` (a row may end inside it).
+// The last vector stores only the lanes in `tail` (a row may end inside it). With `cf`, the sums go
+// unrounded to the fp32 rows at cf (stride ldc) instead, whole vectors (lanes past the tail: zeros,
+// as B is zero-padded).
 template <int R, int Z>
 inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
-                  uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq) {
+                  uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf) {
   __m512 acc[R][Z];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -71,6 +75,11 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
 #pragma GCC unroll 3
       for (int j = 0; j < Z; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
     }
+  }
+  if (cf) {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < Z; ++j) _mm512_storeu_ps(cf + r * ldc + 16 * j, acc[r][j]);
+    return;
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < Z; ++j) {
@@ -97,25 +106,26 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
 // the last partial tile by a smaller instantiation.
 template <int Z, int R>
 inline void tail_rows(int64_t rem, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb,
-                      int64_t k2, uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq) {
+                      int64_t k2, uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf) {
   if constexpr (R > 0) {
-    if (rem == R) micro<R, Z>(a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq);
-    else tail_rows<Z, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq);
+    if (rem == R) micro<R, Z>(a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq, cf);
+    else tail_rows<Z, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq, cf);
   }
 }
 
 template <int Z>
 void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
-                uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq) {
+                uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf) {
+  auto cr = [&](int64_t r) { return cf ? cf + r * ldc : nullptr; };
   constexpr int MRZ = Z == 4 ? 6 : Z == 3 ? 8 : Z == 2 ? 12 : 16;
   int64_t r = 0;
   for (; r + MRZ <= m; r += MRZ) {
     if (aks == 1 && r + 2 * MRZ <= m)  // A rows in memory order (a weight): fetch the next tile's rows
       for (int i = 0; i < MRZ; ++i)
         for (int64_t l = 0; l < k2; l += 16) _mm_prefetch(reinterpret_cast<const char*>(a + (r + MRZ + i) * ars + l), _MM_HINT_T0);
-    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq);
+    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r));
   }
-  tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq);
+  tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r));
 }
 
 // C (m x n, row stride ldc, bf16) = A (m x 2 k2) . B (2 k2 x n16 packed as [k2][ldb] dwords), n <= n16.
@@ -124,11 +134,16 @@ void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const ui
 // read only much later: the weight gradients, which the optimizer reads) whole 32-byte-aligned
 // vectors are written with streaming stores, which skip reading the lines in first; the caller
 // fences (_mm_sfence) before the output is used. `sumsq`, if given, accumulates the squares of the
-// rounded outputs in a fixed order (fp32 per micro tile, fp64 across tiles).
+// rounded outputs in a fixed order (fp32 per micro tile, fp64 across tiles). With `cf` the product
+// goes unrounded to fp32 rows of ldc floats there (n rounded up to whole vectors), c unused.
 void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b,
-          int64_t ldb, uint16_t* c, int64_t ldc, bool stream = false, double* sumsq = nullptr) {
+          int64_t ldb, uint16_t* c, int64_t ldc, bool stream = false, double* sumsq = nullptr, float* cf = nullptr) {
   stream = stream && (reinterpret_cast<uintptr_t>(c) & 31) == 0 && ldc % 16 == 0;
   if (n <= 0 || m <= 0) return;
+  if (cf && k2 == 0) {
+    for (int64_t r = 0; r < m; ++r) std::fill(cf + r * ldc, cf + r * ldc + up16(n), 0.f);
+    return;
+  }
   if (k2 == 0) {
     for (int64_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, uint16_t{0});
     return;
@@ -140,10 +155,11 @@ void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int6
     int64_t w = std::min<int64_t>(16 * z, n - n0);
     int64_t last = w - 16 * (z - 1);
     __mmask16 tail = static_cast<__mmask16>(last == 16 ? 0xFFFF : (1u << last) - 1);
-    if (z == 4) chunk_rows<4>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq);
-    else if (z == 3) chunk_rows<3>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq);
-    else if (z == 2) chunk_rows<2>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq);
-    else chunk_rows<1>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq);
+    float* cfn = cf ? cf + n0 : nullptr;
+    if (z == 4) chunk_rows<4>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq, cfn);
+    else if (z == 3) chunk_rows<3>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq, cfn);
+    else if (z == 2) chunk_rows<2>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq, cfn);
+    else chunk_rows<1>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq, cfn);
     n0 += 16 * z;
     v -= z;
   }
@@ -234,7 +250,6 @@ void pack_i(const uint16_t* src, int64_t kv, int64_t ld, int64_t cols, uint32_t*
   }
 }
 
-inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // Row stride (dwords) of a packed panel of n columns: whole vectors and an odd number of 64-byte
 // lines, so that a panel's rows, walked along k, spread over all L1 sets rather than a few (the
@@ -278,7 +293,7 @@ bool expert_gemm_available() { return true; }
 
 // out (E, M, C) = w (E, M, K) @ t_e over each expert's valid slots, the weight rows broadcast as
 // they lie and the token operand t_e (K x valid slots) packed per expert by pack(e, n, buf, width);
-// pad columns zero. The forward products, up and down.
+// pad columns zero. The up product.
 template <typename Pack>
 torch::Tensor weight_times_tokens(const torch::Tensor& w, int64_t cap, const int64_t* nv, const Pack& pack) {
   int64_t e_n = w.size(0), m = w.size(1), k = w.size(2), k2 = k / 2;
@@ -307,16 +322,45 @@ torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n) {
   });
 }
 
-// y (E, D, C) = w2 (E, D, F) @ g (E, F, C) over the valid slots.
+// y (E, C, D) = (w2 (E, D, F) @ g (E, F, C))^T over the valid slots, pad rows zero: token rows, so
+// that the combine reads each routed pair's output as one contiguous row. The product is computed
+// as the other forward one (weight rows broadcast, tokens along the vector lanes) into an fp32
+// scratch, which is transposed in 16 x 16 blocks while it is in L2 and rounded once on the way out.
+// (Written as (E, D, C), the combine read each pair's column across 256 cache lines shared with 31
+// other slots: 2.4x slower than the input-gradient combine, which reads rows.)
 torch::Tensor expert_down(torch::Tensor w2, torch::Tensor g, torch::Tensor n) {
   check3(w2, "w2");
   check3(g, "g");
-  int64_t e_n = w2.size(0), f = w2.size(2), cap = g.size(2);
-  TORCH_CHECK(g.size(0) == e_n && g.size(1) == f && f % 2 == 0, "expert_down: shapes ", w2.sizes(), " and ", g.sizes());
+  int64_t e_n = w2.size(0), d = w2.size(1), f = w2.size(2), cap = g.size(2), k2 = f / 2;
+  TORCH_CHECK(g.size(0) == e_n && g.size(1) == f && f % 2 == 0 && d % 16 == 0, "expert_down: shapes ", w2.sizes(),
+              " and ", g.sizes());
+  const int64_t* nv = valid_counts(n, e_n, cap);
+  auto y = torch::empty({e_n, cap, d}, w2.options());
+  const uint16_t* W = ptr<uint16_t>(w2);
   const uint16_t* G = ptr<uint16_t>(g);
-  return weight_times_tokens(w2, cap, valid_counts(n, e_n, cap), [&](int64_t e, int64_t ne, uint32_t* bp, int64_t w) {
-    pack_i(G + e * f * cap, f, cap, ne, bp, w);  // [f/2][slots]: (g[2k, c], g[2k+1, c])
+  uint16_t* Y = ptr<uint16_t>(y);
+  int64_t w16 = up16(cap);
+  for_experts(e_n, k2 * w16 + d * w16 + 256, [&](int64_t e, uint32_t* buf) {
+    uint32_t* bp = buf;                                          // [f/2][slots]: (g[2k, c], g[2k+1, c])
+    float* yt = reinterpret_cast<float*>(buf + k2 * w16);        // [d][slots] fp32
+    uint32_t* blk = buf + k2 * w16 + d * w16;                    // one transposed 16 x 16 block
+    uint16_t* ye = Y + e * cap * d;
+    int64_t ne = nv[e], ld = up16(ne);
+    if (ne > 0) {
+      pack_i(G + e * f * cap, f, cap, ne, bp, ld);
+      gemm(d, ne, k2, reinterpret_cast<const uint32_t*>(W + e * d * f), k2, 1, bp, ld, nullptr, ld, false, nullptr,
+           yt);
+      for (int64_t c0 = 0; c0 < ne; c0 += 16)
+        for (int64_t d0 = 0; d0 < d; d0 += 16) {
+          transpose16(reinterpret_cast<const uint32_t*>(yt) + d0 * ld + c0, ld, blk, 16);  // blk[c][d]
+          for (int64_t i = 0; i < std::min<int64_t>(16, ne - c0); ++i)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(ye + (c0 + i) * d + d0),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(_mm512_loadu_si512(blk + 16 * i))));
+        }
+    }
+    std::fill(ye + ne * d, ye + cap * d, uint16_t{0});
   });
+  return y;
 }
 
 // dg (E, F, C) = w2 (E, D, F)^T @ dy (E, C, D)^T over the valid slots.

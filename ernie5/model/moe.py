@@ -419,9 +419,9 @@ class _GroupedSwiGLU(torch.autograd.Function):
             if fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
                 gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C, _slots(n_E))
                 if n_E is not None:
-                    y_levels.append(kernels().expert_down(w2, gated_EFC, n_E))  # (E, D, C)
+                    y_levels.append(kernels().expert_down(w2, gated_EFC, n_E))  # (E, C, D)
                 else:
-                    y_levels.append(torch.bmm(w2, gated_EFC))
+                    y_levels.append(torch.bmm(w2, gated_EFC))  # (E, D, C)
                 acts = None
             else:
                 g, u = h_EFC.chunk(2, dim=1)
@@ -436,8 +436,8 @@ class _GroupedSwiGLU(torch.autograd.Function):
         ctx.plan, ctx.saved, ctx.fused = plan, saved, fused
         ctx.shapes = (n, d, gates_P.numel(), gates_P.dtype)
         ctx.save_for_backward(w13_EFD, w2_EDF)
-        if fused:
-            return kernels().combine_rows(y_levels, plan.slot_of_pair, n, True)
+        if fused:  # the expert kernels' outputs are token rows, bmm's are (E, D, C)
+            return kernels().combine_rows(y_levels, plan.slot_of_pair, n, plan.levels[0].valid_E is None)
         return y_pad[:n]
 
     @staticmethod
