@@ -59,11 +59,11 @@ inline float exp_f(float x) {
 
 #if defined(__AVX512F__)
 // 16 lanes at a time: load as fp32 (bf16 widened exactly) and store rounded like from_f.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+inline __m512 widen16(__m256i b) {  // 16 bf16 -> fp32, exactly
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) { return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline __m256i round16(__m512 v) {  // from_f<uint16_t> on 16 lanes: nearest even, NaN -> 0x7FC0
   __m512i u = _mm512_castps_si512(v);

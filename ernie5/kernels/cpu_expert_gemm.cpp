@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -81,6 +82,9 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
       for (int j = 0; j < Z; ++j) _mm512_storeu_ps(cf + r * ldc + 16 * j, acc[r][j]);
     return;
   }
+  // With sumsq, also the squares of the rounded outputs (lanes past the tail are zero: B is
+  // zero-padded), in fp32 for the tile.
+  __m512 sq = _mm512_setzero_ps();
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < Z; ++j) {
       __m256i o = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
@@ -89,17 +93,12 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
         _mm256_stream_si256(reinterpret_cast<__m256i*>(c + r * ldc + 16 * j), o);
       else
         _mm256_mask_storeu_epi16(c + r * ldc + 16 * j, m, o);
-    }
-  if (sumsq) {  // squares of the rounded outputs (lanes past the tail are zero: B is zero-padded)
-    __m512 sq = _mm512_setzero_ps();
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < Z; ++j) {
-        __m512 back = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(acc[r][j])), 16));
+      if (sumsq) {
+        __m512 back = widen16(o);
         sq = _mm512_fmadd_ps(back, back, sq);
       }
-    *sumsq += static_cast<double>(_mm512_reduce_add_ps(sq));
-  }
+    }
+  if (sumsq) *sumsq += static_cast<double>(_mm512_reduce_add_ps(sq));
 }
 
 // Rows of a z-vector column chunk in tiles of MRZ rows (24 fp32 accumulators for z = 2, 3, 4),
@@ -250,7 +249,6 @@ void pack_i(const uint16_t* src, int64_t kv, int64_t ld, int64_t cols, uint32_t*
   }
 }
 
-
 // Row stride (dwords) of a packed panel of n columns: whole vectors and an odd number of 64-byte
 // lines, so that a panel's rows, walked along k, spread over all L1 sets rather than a few (the
 // weight-gradient products, whose panels are 512 or 1024 dwords wide: up_dw +4-5 %, down_dw +1-3 %).
@@ -291,35 +289,26 @@ void check3(const torch::Tensor& t, const char* name) {
 
 bool expert_gemm_available() { return true; }
 
-// out (E, M, C) = w (E, M, K) @ t_e over each expert's valid slots, the weight rows broadcast as
-// they lie and the token operand t_e (K x valid slots) packed per expert by pack(e, n, buf, width);
-// pad columns zero. The up product.
-template <typename Pack>
-torch::Tensor weight_times_tokens(const torch::Tensor& w, int64_t cap, const int64_t* nv, const Pack& pack) {
-  int64_t e_n = w.size(0), m = w.size(1), k = w.size(2), k2 = k / 2;
-  auto out = torch::empty({e_n, m, cap}, w.options());
-  const uint16_t* W = ptr<uint16_t>(w);
-  uint16_t* O = ptr<uint16_t>(out);
-  for_experts(e_n, k2 * up16(cap), [&](int64_t e, uint32_t* bp) {
-    uint16_t* oe = O + e * m * cap;
-    int64_t ne = nv[e];
-    pack(e, ne, bp, up16(ne));
-    gemm(m, ne, k2, reinterpret_cast<const uint32_t*>(W + e * m * k), k2, 1, bp, up16(ne), oe, cap);
-    zero_cols(oe, m, cap, ne);
-  });
-  return out;
-}
-
-// h (E, 2F, C) = w13 (E, 2F, D) @ x (E, C, D)^T over the valid slots.
+// h (E, 2F, C) = w13 (E, 2F, D) @ x (E, C, D)^T over the valid slots, pad columns zero: the weight
+// rows broadcast as they lie, the expert's token rows packed.
 torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n) {
   check3(w13, "w13");
   check3(x, "x");
-  int64_t e_n = w13.size(0), d = w13.size(2), cap = x.size(1);
+  int64_t e_n = w13.size(0), f2 = w13.size(1), d = w13.size(2), cap = x.size(1), k2 = d / 2;
   TORCH_CHECK(x.size(0) == e_n && x.size(2) == d && d % 2 == 0, "expert_up: shapes ", w13.sizes(), " and ", x.sizes());
+  const int64_t* nv = valid_counts(n, e_n, cap);
+  auto h = torch::empty({e_n, f2, cap}, w13.options());
+  const uint16_t* W = ptr<uint16_t>(w13);
   const uint16_t* X = ptr<uint16_t>(x);
-  return weight_times_tokens(w13, cap, valid_counts(n, e_n, cap), [&](int64_t e, int64_t ne, uint32_t* bp, int64_t w) {
-    pack_t(X + e * cap * d, ne, d, d, bp, w);  // [d/2][slots]: (x[c, 2k], x[c, 2k+1])
+  uint16_t* H = ptr<uint16_t>(h);
+  for_experts(e_n, k2 * up16(cap), [&](int64_t e, uint32_t* bp) {
+    uint16_t* he = H + e * f2 * cap;
+    int64_t ne = nv[e];
+    pack_t(X + e * cap * d, ne, d, d, bp, up16(ne));  // [d/2][slots]: (x[c, 2k], x[c, 2k+1])
+    gemm(f2, ne, k2, reinterpret_cast<const uint32_t*>(W + e * f2 * d), k2, 1, bp, up16(ne), he, cap);
+    zero_cols(he, f2, cap, ne);
   });
+  return h;
 }
 
 // y (E, C, D) = (w2 (E, D, F) @ g (E, F, C))^T over the valid slots, pad rows zero: token rows, so
@@ -391,14 +380,6 @@ torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n
   return dg;
 }
 
-// Sum of the per-expert partial sums, in expert order (the result does not depend on which
-// thread took which expert).
-double ordered_sum(const std::vector<double>& parts) {
-  double total = 0.0;
-  for (double x : parts) total += x;
-  return total;
-}
-
 // out (E, M, N) = sum over each expert's valid slots c of a_e[c, m] b_e[c, n]: the weight
 // gradients, both operands packed per expert ([slot pairs][M] and [slot pairs][N] dwords, rows
 // `stride` dwords apart, by pack_a(e, n, buf, stride) and pack_b(e, n, buf, stride)), written with
@@ -420,7 +401,8 @@ std::tuple<torch::Tensor, double> sum_over_slots(const torch::Tensor& like, int6
     gemm(m, n_out, k2, ap, 1, la, bp, lb, O + e * m * n_out, n_out, true, &sq[e]);
     _mm_sfence();
   });
-  return {out, ordered_sum(sq)};
+  // Summed in expert order, so the result does not depend on which thread took which expert.
+  return {out, std::accumulate(sq.begin(), sq.end(), 0.0)};
 }
 
 // dw2 (E, D, F) = dy (E, C, D)^T @ g (E, F, C)^T, summed over the valid slots; also the sum of

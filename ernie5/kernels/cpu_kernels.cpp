@@ -124,18 +124,6 @@ std::vector<torch::Tensor> rms_norm_bwd(torch::Tensor dy, torch::Tensor x, torch
 // RMS-normalised with their own weights (when given) and rotated by the half-split RoPE tables
 // cos/sin (B, T, Dh/2), rounded to the activation dtype first, as the eager path does.
 
-// DH > 0 fixes the head dim at compile time (32, 64, 128: see with_head_dim), so the short loops over
-// one head are unrolled; DH = 0 is the generic runtime-size version. The rotation is computed into
-// the fp32 scratch row ``tmp`` and rounded in a separate loop: with the rounding in the same loop GCC
-// kept the whole rotation scalar (measured: 1.9 ms per nano layer, now about a quarter of it).
-// With AVX-512 and a head dim that is a multiple of 32 (each half whole 16-lane vectors) the rows
-// run on explicit vectors instead: on rows this short, the horizontal sums GCC emitted for the loops'
-// reductions (QK-norm's sum of squares, the backward's dot product: chains of shuffles and scalar
-// adds) and the scalar table rounding dominated. Nano shape (B 8, T 256, 8 + 2 + 2 heads of 32,
-// bf16), isolated: forward 0.27 -> 0.12 ms, backward 0.38 -> 0.12 ms; nano training step, in-process
-// A/B over 10 alternating steps: -3.5 to -10.5 ms (median paired difference, two runs).
-// ``wf`` is all ones without QK-norm (multiplying by it is exact).
-
 // One row's RoPE tables in the activation dtype T (bf16: rounded as from_f, then widened back).
 template <typename T>
 inline void rope_tables(const float* cos, const float* sin, int64_t p, float* cs, float* sn) {
@@ -144,8 +132,8 @@ inline void rope_tables(const float* cos, const float* sin, int64_t p, float* cs
   for (; j + 16 <= p; j += 16) {
     __m512 c = _mm512_loadu_ps(cos + j), s = _mm512_loadu_ps(sin + j);
     if constexpr (std::is_same_v<T, uint16_t>) {
-      _mm512_storeu_ps(cs + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round16(c)), 16)));
-      _mm512_storeu_ps(sn + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round16(s)), 16)));
+      _mm512_storeu_ps(cs + j, widen16(round16(c)));
+      _mm512_storeu_ps(sn + j, widen16(round16(s)));
     } else {
       _mm512_storeu_ps(cs + j, c);
       _mm512_storeu_ps(sn + j, s);
@@ -158,13 +146,24 @@ inline void rope_tables(const float* cos, const float* sin, int64_t p, float* cs
   }
 }
 
+// DH > 0 fixes the head dim at compile time (32, 64, 128: see with_head_dim), so the short loops over
+// one head are unrolled; DH = 0 is the generic runtime-size version. The rotation is computed into
+// the fp32 scratch row ``tmp`` and rounded in a separate loop: with the rounding in the same loop GCC
+// kept the whole rotation scalar (measured: 1.9 ms per nano layer, now about a quarter of it).
+// With AVX-512 and a head dim that is a multiple of 32 (each half whole 16-lane vectors) the rows
+// run on explicit vectors instead: on rows this short, the horizontal sums GCC emitted for the loops'
+// reductions (QK-norm's sum of squares, the backward's dot product: chains of shuffles and scalar
+// adds) and the scalar table rounding dominated. Nano shape (B 8, T 256, 8 + 2 + 2 heads of 32,
+// bf16), isolated: forward 0.27 -> 0.12 ms, backward 0.38 -> 0.12 ms; nano training step, in-process
+// A/B over 10 alternating steps: -3.5 to -10.5 ms (median paired difference, two runs).
+// ``wf`` is all ones without QK-norm (multiplying by it is exact).
 template <typename T, int DH>
 inline void norm_rope_row(const T* __restrict__ x, T* __restrict__ out, const float* __restrict__ wf, bool norm,
                           float eps, const float* __restrict__ cs, const float* __restrict__ sn, int64_t dh_,
                           float* rstd_out, float* __restrict__ tmp) {
   const int64_t dh = DH > 0 ? DH : dh_, p = dh / 2;
 #if defined(__AVX512F__)
-  if constexpr (DH > 0 && DH % 32 == 0) {  // whole 16-lane vectors per half (see rope_vectors)
+  if constexpr (DH > 0 && DH % 32 == 0) {  // whole 16-lane vectors per half (see above)
     constexpr int NV = DH / 32;
     __m512 a[NV], b[NV];
     for (int v = 0; v < NV; ++v) {
