@@ -88,6 +88,68 @@ void parallel_dynamic(int64_t n, const Fn& fn) {
   });
 }
 
+// ------------------------------------------------ gated SwiGLU activation of one MoE expert
+//
+// h (2F, C): rows [0, F) are the gate projection g, rows [F, 2F) the up projection u, with the C
+// token slots contiguous, cv of them valid (the rest are padding, written as zero without being
+// read). gate (C). Forward: out (F, C) = silu(g) * u * gate. Backward: d_out (F, C) -> d_h (2F, C)
+// and d_gate (C) = sum_f d_out * silu(g) * u (fp32).
+
+template <typename T>
+inline void swiglu_fwd_row(const T* __restrict g, const T* __restrict u, const T* __restrict gt, T* __restrict o,
+                           int64_t c) {
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) {
+    float gv = to_f(g[j]);
+    float s = gv / (1.f + exp_f(-gv));
+    o[j] = from_f<T>(s * to_f(u[j]) * to_f(gt[j]));
+  }
+}
+
+template <typename T>
+inline void swiglu_bwd_row(const T* __restrict d, const T* __restrict g, const T* __restrict u,
+                           const T* __restrict gt, T* __restrict dg, T* __restrict du, float* __restrict acc,
+                           int64_t c) {
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) {
+    float gv = to_f(g[j]), uv = to_f(u[j]), dv = to_f(d[j]);
+    float sig = 1.f / (1.f + exp_f(-gv));
+    float sg = gv * sig;
+    acc[j] += dv * sg * uv;
+    float da = dv * to_f(gt[j]);
+    du[j] = from_f<T>(da * sg);
+    dg[j] = from_f<T>(da * uv * sig * (1.f + gv * (1.f - sig)));
+  }
+}
+
+// Columns a row loop runs over for cv valid slots of c: cv rounded up to whole 16-lane vectors
+// (at most c), so the vector loop has no scalar remainder (GCC 12 finishes an `omp simd` loop with
+// scalar iterations, each a scalar exp here); what it computes past cv is overwritten with zeros.
+inline int64_t vector_width(int64_t cv, int64_t c) { return std::min(c, (cv + 15) / 16 * 16); }
+
+template <typename T>
+void swiglu_fwd_expert(const T* h, const T* gate, T* out, int64_t f, int64_t c, int64_t cv) {
+  int64_t cw = vector_width(cv, c);
+  for (int64_t fi = 0; fi < f; ++fi) {
+    swiglu_fwd_row(h + fi * c, h + (f + fi) * c, gate, out + fi * c, cw);
+    std::fill(out + fi * c + cv, out + (fi + 1) * c, T(0));  // pad slots: what h = 0 would give
+  }
+}
+
+template <typename T>
+void swiglu_bwd_expert(const T* dout, const T* h, const T* gate, T* dh, float* dgate, int64_t f, int64_t c,
+                       int64_t cv) {
+  int64_t cw = vector_width(cv, c);
+  std::fill(dgate, dgate + c, 0.f);
+  for (int64_t fi = 0; fi < f; ++fi) {
+    T* dg = dh + fi * c;
+    swiglu_bwd_row(dout + fi * c, h + fi * c, h + (f + fi) * c, gate, dg, dg + f * c, dgate, cw);
+    std::fill(dg + cv, dg + c, T(0));  // pad slots: zero, as h = 0 and d_out = 0 there would give
+    std::fill(dg + f * c + cv, dg + f * c + c, T(0));
+  }
+  std::fill(dgate + cv, dgate + c, 0.f);
+}
+
 // Stored element type of a tensor: bf16 is handled as raw uint16 bits.
 template <typename T> inline T* ptr(const torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); }
 

@@ -281,6 +281,131 @@ void check3(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 3, name, " must be 3-D");
 }
 
+// One expert's share of each product: the operands of expert e at the given pointers (its slice of
+// the level tensors), ne valid slots of cap, scratch `buf` of the *_words(...) dwords named with it.
+
+// he (2F, cap) = w13_e (2F, D) @ x_e (cap, D)^T, pad columns zero: the weight rows broadcast as
+// they lie, the token rows packed ([d/2][slots]: (x[c, 2k], x[c, 2k+1])).
+inline int64_t up_words(int64_t d, int64_t cap) { return d / 2 * up16(cap); }
+void up_one(const uint16_t* we, const uint16_t* xe, uint16_t* he, int64_t ne, int64_t f2, int64_t d, int64_t cap,
+            uint32_t* bp) {
+  pack_t(xe, ne, d, d, bp, up16(ne));
+  gemm(f2, ne, d / 2, reinterpret_cast<const uint32_t*>(we), d / 2, 1, bp, up16(ne), he, cap);
+  zero_cols(he, f2, cap, ne);
+}
+
+// ye (cap, D) = (w2_e (D, F) @ g_e (F, cap))^T, pad rows zero: token rows, so that the combine
+// reads each routed pair's output as one contiguous row. The product is computed as the other
+// forward one (weight rows broadcast, tokens along the vector lanes) into an fp32 scratch, which is
+// transposed in 16 x 16 blocks while it is in L2 and rounded once on the way out. (Written as
+// (D, cap), the combine read each pair's column across 256 cache lines shared with 31 other slots:
+// 2.4x slower than the input-gradient combine, which reads rows.)
+inline int64_t down_words(int64_t d, int64_t f, int64_t cap) { return (f / 2 + d) * up16(cap) + 256; }
+void down_one(const uint16_t* we, const uint16_t* ge, uint16_t* ye, int64_t ne, int64_t d, int64_t f, int64_t cap,
+              uint32_t* buf) {
+  int64_t k2 = f / 2, w16 = up16(cap), ld = up16(ne);
+  uint32_t* bp = buf;                                    // [f/2][slots]: (g[2k, c], g[2k+1, c])
+  float* yt = reinterpret_cast<float*>(buf + k2 * w16);  // [d][slots] fp32
+  uint32_t* blk = buf + k2 * w16 + d * w16;              // one transposed 16 x 16 block
+  if (ne > 0) {
+    pack_i(ge, f, cap, ne, bp, ld);
+    gemm(d, ne, k2, reinterpret_cast<const uint32_t*>(we), k2, 1, bp, ld, nullptr, ld, false, nullptr, yt);
+    for (int64_t c0 = 0; c0 < ne; c0 += 16)
+      for (int64_t d0 = 0; d0 < d; d0 += 16) {
+        transpose16(reinterpret_cast<const uint32_t*>(yt) + d0 * ld + c0, ld, blk, 16);  // blk[c][d]
+        for (int64_t i = 0; i < std::min<int64_t>(16, ne - c0); ++i)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ye + (c0 + i) * d + d0),
+                              (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(_mm512_loadu_si512(blk + 16 * i))));
+      }
+  }
+  std::fill(ye + ne * d, ye + cap * d, uint16_t{0});
+}
+
+// dge (F, cap) = w2_e (D, F)^T @ dy_e (cap, D)^T, pad columns zero.
+inline int64_t down_dx_words(int64_t d, int64_t f, int64_t cap) { return d / 2 * (up16(cap) + f); }
+void down_dx_one(const uint16_t* we, const uint16_t* dye, uint16_t* dge, int64_t ne, int64_t d, int64_t f,
+                 int64_t cap, uint32_t* buf) {
+  int64_t k2 = d / 2;
+  uint32_t* ap = buf;           // [k2][f]: (w2[2k, f], w2[2k+1, f])
+  uint32_t* bp = buf + k2 * f;  // [k2][n16]: (dy[c, 2k], dy[c, 2k+1])
+  if (ne > 0) {
+    pack_i(we, d, f, f, ap, f);
+    pack_t(dye, ne, d, d, bp, up16(ne));
+    gemm(f, ne, k2, ap, 1, f, bp, up16(ne), dge, cap);
+  }
+  zero_cols(dge, f, cap, ne);
+}
+
+// dxe (cap, D) = dh_e (2F, cap)^T @ w13_e (2F, D), pad rows zero.
+inline int64_t up_dx_words(int64_t f2, int64_t d, int64_t cap) { return f2 / 2 * (cap + d); }
+void up_dx_one(const uint16_t* dhe, const uint16_t* we, uint16_t* dxe, int64_t ne, int64_t f2, int64_t d,
+               int64_t cap, uint32_t* buf) {
+  int64_t k2 = f2 / 2;
+  uint32_t* ap = buf;             // [k2][ne]: (dh[2k, c], dh[2k+1, c])
+  uint32_t* bp = buf + k2 * cap;  // [k2][d]: (w13[2k, d], w13[2k+1, d])
+  if (ne > 0) {
+    pack_i(dhe, f2, cap, ne, ap, ne);
+    pack_i(we, f2, d, d, bp, d);
+    gemm(ne, d, k2, ap, 1, ne, bp, d, dxe, d);
+  }
+  std::fill(dxe + ne * d, dxe + cap * d, uint16_t{0});
+}
+
+// oe (M, N) = sum over the ne valid slots c of a[c, m] b[c, n]: the weight gradients, both operands
+// packed ([slot pairs][M] and [slot pairs][N] dwords, rows `stride` dwords apart, by pack_a(ap,
+// stride) and pack_b(bp, stride)), written with streaming stores; *sq accumulates the sum of squares
+// of oe as stored.
+inline int64_t slots_words(int64_t m, int64_t n_out, int64_t cap) { return (cap + 1) / 2 * (lead(m) + lead(n_out)); }
+template <typename PackA, typename PackB>
+void slots_one(int64_t m, int64_t n_out, int64_t ne, const PackA& pack_a, const PackB& pack_b, uint16_t* oe,
+               double* sq, uint32_t* buf) {
+  int64_t k2 = (ne + 1) / 2, la = lead(m), lb = lead(n_out);
+  uint32_t* ap = buf;
+  uint32_t* bp = buf + k2 * la;
+  pack_a(ap, la);
+  pack_b(bp, lb);
+  gemm(m, n_out, k2, ap, 1, la, bp, lb, oe, n_out, true, sq);
+  _mm_sfence();
+}
+
+// dw2_e (D, F) = dy_e (cap, D)^T @ g_e (F, cap)^T over the valid slots.
+void down_dw_one(const uint16_t* dye, const uint16_t* ge, uint16_t* oe, int64_t ne, int64_t d, int64_t f, int64_t cap,
+                 double* sq, uint32_t* buf) {
+  slots_one(
+      d, f, ne, [&](uint32_t* ap, int64_t w) { pack_i(dye, ne, d, d, ap, w); },  // (dy[2k, d], dy[2k+1, d])
+      [&](uint32_t* bp, int64_t w) { pack_t(ge, f, cap, ne, bp, w); },          // (g[f, 2k], g[f, 2k+1])
+      oe, sq, buf);
+}
+
+// dw13_e (2F, D) = dh_e (2F, cap) @ x_e (cap, D) over the valid slots.
+void up_dw_one(const uint16_t* dhe, const uint16_t* xe, uint16_t* oe, int64_t ne, int64_t f2, int64_t d, int64_t cap,
+               double* sq, uint32_t* buf) {
+  slots_one(
+      f2, d, ne, [&](uint32_t* ap, int64_t w) { pack_t(dhe, f2, cap, ne, ap, w); },  // (dh[f, 2k], dh[f, 2k+1])
+      [&](uint32_t* bp, int64_t w) { pack_i(xe, ne, d, d, bp, w); },                // (x[2k, d], x[2k+1, d])
+      oe, sq, buf);
+}
+
+// Sum of per-expert sums of squares in expert order, so the result does not depend on which thread
+// took which expert.
+double ordered(const std::vector<double>& sq) { return std::accumulate(sq.begin(), sq.end(), 0.0); }
+
+// Checks shared by the two whole-expert passes: w13 (E, 2F, D), w2 (E, D, F), token rows (E, C, D)
+// and gate (E, C), bf16.
+void check_ffn(const char* what, const torch::Tensor& w13, const torch::Tensor& w2, const torch::Tensor& x,
+               const torch::Tensor& gate) {
+  check3(w13, "w13");
+  check3(w2, "w2");
+  check3(x, "x");
+  check(gate, "gate", torch::kBFloat16);
+  int64_t e_n = w13.size(0), f2 = w13.size(1), d = w13.size(2);
+  TORCH_CHECK(w2.size(0) == e_n && w2.size(1) == d && 2 * w2.size(2) == f2 && x.size(0) == e_n && x.size(2) == d &&
+                  d % 16 == 0 && f2 % 32 == 0,
+              what, ": shapes ", w13.sizes(), ", ", w2.sizes(), " and ", x.sizes());
+  TORCH_CHECK(gate.numel() == e_n * x.size(1), what, ": gate has ", gate.numel(), " elements, expected ",
+              e_n * x.size(1));
+}
+
 #endif  // ERNIE5_EXPERT_GEMM
 
 }  // namespace
@@ -289,38 +414,28 @@ void check3(const torch::Tensor& t, const char* name) {
 
 bool expert_gemm_available() { return true; }
 
-// h (E, 2F, C) = w13 (E, 2F, D) @ x (E, C, D)^T over the valid slots, pad columns zero: the weight
-// rows broadcast as they lie, the expert's token rows packed.
+// h (E, 2F, C) = w13 (E, 2F, D) @ x (E, C, D)^T over the valid slots, pad columns zero.
 torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n) {
   check3(w13, "w13");
   check3(x, "x");
-  int64_t e_n = w13.size(0), f2 = w13.size(1), d = w13.size(2), cap = x.size(1), k2 = d / 2;
+  int64_t e_n = w13.size(0), f2 = w13.size(1), d = w13.size(2), cap = x.size(1);
   TORCH_CHECK(x.size(0) == e_n && x.size(2) == d && d % 2 == 0, "expert_up: shapes ", w13.sizes(), " and ", x.sizes());
   const int64_t* nv = valid_counts(n, e_n, cap);
   auto h = torch::empty({e_n, f2, cap}, w13.options());
   const uint16_t* W = ptr<uint16_t>(w13);
   const uint16_t* X = ptr<uint16_t>(x);
   uint16_t* H = ptr<uint16_t>(h);
-  for_experts(e_n, k2 * up16(cap), [&](int64_t e, uint32_t* bp) {
-    uint16_t* he = H + e * f2 * cap;
-    int64_t ne = nv[e];
-    pack_t(X + e * cap * d, ne, d, d, bp, up16(ne));  // [d/2][slots]: (x[c, 2k], x[c, 2k+1])
-    gemm(f2, ne, k2, reinterpret_cast<const uint32_t*>(W + e * f2 * d), k2, 1, bp, up16(ne), he, cap);
-    zero_cols(he, f2, cap, ne);
+  for_experts(e_n, up_words(d, cap), [&](int64_t e, uint32_t* buf) {
+    up_one(W + e * f2 * d, X + e * cap * d, H + e * f2 * cap, nv[e], f2, d, cap, buf);
   });
   return h;
 }
 
-// y (E, C, D) = (w2 (E, D, F) @ g (E, F, C))^T over the valid slots, pad rows zero: token rows, so
-// that the combine reads each routed pair's output as one contiguous row. The product is computed
-// as the other forward one (weight rows broadcast, tokens along the vector lanes) into an fp32
-// scratch, which is transposed in 16 x 16 blocks while it is in L2 and rounded once on the way out.
-// (Written as (E, D, C), the combine read each pair's column across 256 cache lines shared with 31
-// other slots: 2.4x slower than the input-gradient combine, which reads rows.)
+// y (E, C, D) = (w2 (E, D, F) @ g (E, F, C))^T over the valid slots, pad rows zero.
 torch::Tensor expert_down(torch::Tensor w2, torch::Tensor g, torch::Tensor n) {
   check3(w2, "w2");
   check3(g, "g");
-  int64_t e_n = w2.size(0), d = w2.size(1), f = w2.size(2), cap = g.size(2), k2 = f / 2;
+  int64_t e_n = w2.size(0), d = w2.size(1), f = w2.size(2), cap = g.size(2);
   TORCH_CHECK(g.size(0) == e_n && g.size(1) == f && f % 2 == 0 && d % 16 == 0, "expert_down: shapes ", w2.sizes(),
               " and ", g.sizes());
   const int64_t* nv = valid_counts(n, e_n, cap);
@@ -328,26 +443,8 @@ torch::Tensor expert_down(torch::Tensor w2, torch::Tensor g, torch::Tensor n) {
   const uint16_t* W = ptr<uint16_t>(w2);
   const uint16_t* G = ptr<uint16_t>(g);
   uint16_t* Y = ptr<uint16_t>(y);
-  int64_t w16 = up16(cap);
-  for_experts(e_n, k2 * w16 + d * w16 + 256, [&](int64_t e, uint32_t* buf) {
-    uint32_t* bp = buf;                                          // [f/2][slots]: (g[2k, c], g[2k+1, c])
-    float* yt = reinterpret_cast<float*>(buf + k2 * w16);        // [d][slots] fp32
-    uint32_t* blk = buf + k2 * w16 + d * w16;                    // one transposed 16 x 16 block
-    uint16_t* ye = Y + e * cap * d;
-    int64_t ne = nv[e], ld = up16(ne);
-    if (ne > 0) {
-      pack_i(G + e * f * cap, f, cap, ne, bp, ld);
-      gemm(d, ne, k2, reinterpret_cast<const uint32_t*>(W + e * d * f), k2, 1, bp, ld, nullptr, ld, false, nullptr,
-           yt);
-      for (int64_t c0 = 0; c0 < ne; c0 += 16)
-        for (int64_t d0 = 0; d0 < d; d0 += 16) {
-          transpose16(reinterpret_cast<const uint32_t*>(yt) + d0 * ld + c0, ld, blk, 16);  // blk[c][d]
-          for (int64_t i = 0; i < std::min<int64_t>(16, ne - c0); ++i)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(ye + (c0 + i) * d + d0),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(_mm512_loadu_si512(blk + 16 * i))));
-        }
-    }
-    std::fill(ye + ne * d, ye + cap * d, uint16_t{0});
+  for_experts(e_n, down_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
+    down_one(W + e * d * f, G + e * f * cap, Y + e * cap * d, nv[e], d, f, cap, buf);
   });
   return y;
 }
@@ -364,45 +461,10 @@ torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n
   const uint16_t* W = ptr<uint16_t>(w2);
   const uint16_t* DY = ptr<uint16_t>(dy);
   uint16_t* DG = ptr<uint16_t>(dg);
-  int64_t k2 = d / 2, width = up16(cap);
-  for_experts(e_n, k2 * (width + f), [&](int64_t e, uint32_t* buf) {
-    uint32_t* ap = buf;           // [k2][f]: (w2[2k, f], w2[2k+1, f])
-    uint32_t* bp = buf + k2 * f;  // [k2][n16]: (dy[c, 2k], dy[c, 2k+1])
-    uint16_t* ge = DG + e * f * cap;
-    int64_t ne = nv[e];
-    if (ne > 0) {
-      pack_i(W + e * d * f, d, f, f, ap, f);
-      pack_t(DY + e * cap * d, ne, d, d, bp, up16(ne));
-      gemm(f, ne, k2, ap, 1, f, bp, up16(ne), ge, cap);
-    }
-    zero_cols(ge, f, cap, ne);
+  for_experts(e_n, down_dx_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
+    down_dx_one(W + e * d * f, DY + e * cap * d, DG + e * f * cap, nv[e], d, f, cap, buf);
   });
   return dg;
-}
-
-// out (E, M, N) = sum over each expert's valid slots c of a_e[c, m] b_e[c, n]: the weight
-// gradients, both operands packed per expert ([slot pairs][M] and [slot pairs][N] dwords, rows
-// `stride` dwords apart, by pack_a(e, n, buf, stride) and pack_b(e, n, buf, stride)), written with
-// streaming stores; also the sum of squares of out as stored.
-template <typename PackA, typename PackB>
-std::tuple<torch::Tensor, double> sum_over_slots(const torch::Tensor& like, int64_t m, int64_t n_out, int64_t cap,
-                                                 const int64_t* nv, const PackA& pack_a, const PackB& pack_b) {
-  int64_t e_n = like.size(0);
-  auto out = torch::empty({e_n, m, n_out}, like.options());
-  uint16_t* O = ptr<uint16_t>(out);
-  std::vector<double> sq(e_n, 0.0);
-  int64_t la = lead(m), lb = lead(n_out);
-  for_experts(e_n, (cap + 1) / 2 * (la + lb), [&](int64_t e, uint32_t* buf) {
-    int64_t ne = nv[e], k2 = (ne + 1) / 2;
-    uint32_t* ap = buf;
-    uint32_t* bp = buf + k2 * la;
-    pack_a(e, ne, ap, la);
-    pack_b(e, ne, bp, lb);
-    gemm(m, n_out, k2, ap, 1, la, bp, lb, O + e * m * n_out, n_out, true, &sq[e]);
-    _mm_sfence();
-  });
-  // Summed in expert order, so the result does not depend on which thread took which expert.
-  return {out, std::accumulate(sq.begin(), sq.end(), 0.0)};
 }
 
 // dw2 (E, D, F) = dy (E, C, D)^T @ g (E, F, C)^T, summed over the valid slots; also the sum of
@@ -413,12 +475,16 @@ std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor
   int64_t e_n = dy.size(0), cap = dy.size(1), d = dy.size(2), f = g.size(1);
   TORCH_CHECK(g.size(0) == e_n && g.size(2) == cap && f % 16 == 0, "expert_down_dw: shapes ", dy.sizes(), " and ",
               g.sizes());
+  const int64_t* nv = valid_counts(n, e_n, cap);
+  auto dw = torch::empty({e_n, d, f}, dy.options());
   const uint16_t* DY = ptr<uint16_t>(dy);
   const uint16_t* G = ptr<uint16_t>(g);
-  return sum_over_slots(
-      dy, d, f, cap, valid_counts(n, e_n, cap),
-      [&](int64_t e, int64_t ne, uint32_t* ap, int64_t w) { pack_i(DY + e * cap * d, ne, d, d, ap, w); },  // (dy[2k, d], dy[2k+1, d])
-      [&](int64_t e, int64_t ne, uint32_t* bp, int64_t w) { pack_t(G + e * f * cap, f, cap, ne, bp, w); });  // (g[f, 2k], g[f, 2k+1])
+  uint16_t* O = ptr<uint16_t>(dw);
+  std::vector<double> sq(e_n, 0.0);
+  for_experts(e_n, slots_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
+    down_dw_one(DY + e * cap * d, G + e * f * cap, O + e * d * f, nv[e], d, f, cap, &sq[e], buf);
+  });
+  return {dw, ordered(sq)};
 }
 
 // dx (E, C, D) = dh (E, 2F, C)^T @ w13 (E, 2F, D) over the valid slots (pad rows zero).
@@ -433,18 +499,8 @@ torch::Tensor expert_up_dx(torch::Tensor dh, torch::Tensor w13, torch::Tensor n)
   const uint16_t* DH = ptr<uint16_t>(dh);
   const uint16_t* W = ptr<uint16_t>(w13);
   uint16_t* DX = ptr<uint16_t>(dx);
-  int64_t k2 = f2 / 2;
-  for_experts(e_n, k2 * (cap + d), [&](int64_t e, uint32_t* buf) {
-    int64_t ne = nv[e];
-    uint32_t* ap = buf;             // [k2][ne]: (dh[2k, c], dh[2k+1, c])
-    uint32_t* bp = buf + k2 * cap;  // [k2][d]: (w13[2k, d], w13[2k+1, d])
-    uint16_t* xe = DX + e * cap * d;
-    if (ne > 0) {
-      pack_i(DH + e * f2 * cap, f2, cap, ne, ap, ne);
-      pack_i(W + e * f2 * d, f2, d, d, bp, d);
-      gemm(ne, d, k2, ap, 1, ne, bp, d, xe, d);
-    }
-    std::fill(xe + ne * d, xe + cap * d, uint16_t{0});
+  for_experts(e_n, up_dx_words(f2, d, cap), [&](int64_t e, uint32_t* buf) {
+    up_dx_one(DH + e * f2 * cap, W + e * f2 * d, DX + e * cap * d, nv[e], f2, d, cap, buf);
   });
   return dx;
 }
@@ -457,12 +513,86 @@ std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor dh, torch::Tensor x
   int64_t e_n = dh.size(0), f2 = dh.size(1), cap = dh.size(2), d = x.size(2);
   TORCH_CHECK(x.size(0) == e_n && x.size(1) == cap && d % 16 == 0, "expert_up_dw: shapes ", dh.sizes(), " and ",
               x.sizes());
+  const int64_t* nv = valid_counts(n, e_n, cap);
+  auto dw = torch::empty({e_n, f2, d}, dh.options());
   const uint16_t* DH = ptr<uint16_t>(dh);
   const uint16_t* X = ptr<uint16_t>(x);
-  return sum_over_slots(
-      dh, f2, d, cap, valid_counts(n, e_n, cap),
-      [&](int64_t e, int64_t ne, uint32_t* ap, int64_t w) { pack_t(DH + e * f2 * cap, f2, cap, ne, ap, w); },  // (dh[f, 2k], dh[f, 2k+1])
-      [&](int64_t e, int64_t ne, uint32_t* bp, int64_t w) { pack_i(X + e * cap * d, ne, d, d, bp, w); });  // (x[2k, d], x[2k+1, d])
+  uint16_t* O = ptr<uint16_t>(dw);
+  std::vector<double> sq(e_n, 0.0);
+  for_experts(e_n, slots_words(f2, d, cap), [&](int64_t e, uint32_t* buf) {
+    up_dw_one(DH + e * f2 * cap, X + e * cap * d, O + e * f2 * d, nv[e], f2, d, cap, &sq[e], buf);
+  });
+  return {dw, ordered(sq)};
+}
+
+// The whole forward of a level's experts, expert by expert while its rows are in L2: h = w13 x^T
+// (expert_up), g = silu(h_gate) * h_up * gate (swiglu_gate_fwd), y = (w2 g)^T (expert_down).
+// Returns {h, g, y}, each equal bit for bit to what the three passes give; h and g are what the
+// backward reads. One pass instead of three: g is not written out and read back, and the threads
+// wait for the slowest expert once.
+std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor gate,
+                                          torch::Tensor n) {
+  check_ffn("expert_ffn_fwd", w13, w2, x, gate);
+  int64_t e_n = w13.size(0), f2 = w13.size(1), f = f2 / 2, d = w13.size(2), cap = x.size(1);
+  const int64_t* nv = valid_counts(n, e_n, cap);
+  auto h = torch::empty({e_n, f2, cap}, w13.options());
+  auto g = torch::empty({e_n, f, cap}, w13.options());
+  auto y = torch::empty({e_n, cap, d}, w13.options());
+  const uint16_t *W13 = ptr<uint16_t>(w13), *W2 = ptr<uint16_t>(w2), *X = ptr<uint16_t>(x),
+                 *GT = ptr<uint16_t>(gate);
+  uint16_t *H = ptr<uint16_t>(h), *G = ptr<uint16_t>(g), *Y = ptr<uint16_t>(y);
+  int64_t words = std::max(up_words(d, cap), down_words(d, f, cap));
+  for_experts(e_n, words, [&](int64_t e, uint32_t* buf) {
+    int64_t ne = nv[e];
+    up_one(W13 + e * f2 * d, X + e * cap * d, H + e * f2 * cap, ne, f2, d, cap, buf);
+    swiglu_fwd_expert(H + e * f2 * cap, GT + e * cap, G + e * f * cap, f, cap, ne);
+    down_one(W2 + e * d * f, G + e * f * cap, Y + e * cap * d, ne, d, f, cap, buf);
+  });
+  return {h, g, y};
+}
+
+// The whole backward of a level's experts from the output gradient rows dy (E, C, D), expert by
+// expert: dg = w2^T dy^T (expert_down_dx), then dh and the gate gradient (swiglu_gate_bwd), dw2
+// (expert_down_dw), dw13 (expert_up_dw) and dx (expert_up_dx). dg and dh live only in the thread's
+// scratch (L2), never in memory. Returns (dx (E, C, D), dw13, its sum of squares, dw2, its sum of
+// squares, d_gate (E, C) fp32), each equal bit for bit to what the five passes give.
+std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::Tensor> expert_ffn_bwd(
+    torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor h, torch::Tensor g, torch::Tensor gate,
+    torch::Tensor dy, torch::Tensor n) {
+  check_ffn("expert_ffn_bwd", w13, w2, x, gate);
+  int64_t e_n = w13.size(0), f2 = w13.size(1), f = f2 / 2, d = w13.size(2), cap = x.size(1);
+  check3(h, "h");
+  check3(g, "g");
+  check3(dy, "dy");
+  TORCH_CHECK(h.sizes() == torch::IntArrayRef({e_n, f2, cap}) && g.sizes() == torch::IntArrayRef({e_n, f, cap}) &&
+                  dy.sizes() == x.sizes(),
+              "expert_ffn_bwd: shapes ", h.sizes(), ", ", g.sizes(), " and ", dy.sizes(), " for tokens ", x.sizes());
+  const int64_t* nv = valid_counts(n, e_n, cap);
+  auto dx = torch::empty({e_n, cap, d}, w13.options());
+  auto dw13 = torch::empty({e_n, f2, d}, w13.options());
+  auto dw2 = torch::empty({e_n, d, f}, w13.options());
+  auto dgate = torch::empty({e_n, cap}, w13.options().dtype(torch::kFloat));
+  const uint16_t *W13 = ptr<uint16_t>(w13), *W2 = ptr<uint16_t>(w2), *X = ptr<uint16_t>(x), *H = ptr<uint16_t>(h),
+                 *G = ptr<uint16_t>(g), *GT = ptr<uint16_t>(gate), *DY = ptr<uint16_t>(dy);
+  uint16_t *DX = ptr<uint16_t>(dx), *DW13 = ptr<uint16_t>(dw13), *DW2 = ptr<uint16_t>(dw2);
+  float* DGATE = ptr<float>(dgate);
+  std::vector<double> sq13(e_n, 0.0), sq2(e_n, 0.0);
+  int64_t held = up16((3 * f * cap + 1) / 2);  // dg (F, cap) and dh (2F, cap), bf16
+  int64_t work = std::max({down_dx_words(d, f, cap), slots_words(d, f, cap), slots_words(f2, d, cap),
+                           up_dx_words(f2, d, cap)});
+  for_experts(e_n, held + work, [&](int64_t e, uint32_t* buf) {
+    int64_t ne = nv[e];
+    uint16_t* dge = reinterpret_cast<uint16_t*>(buf);
+    uint16_t* dhe = dge + f * cap;
+    uint32_t* scratch = buf + held;
+    const uint16_t *dye = DY + e * cap * d, *xe = X + e * cap * d, *ge = G + e * f * cap;
+    down_dx_one(W2 + e * d * f, dye, dge, ne, d, f, cap, scratch);
+    swiglu_bwd_expert(dge, H + e * f2 * cap, GT + e * cap, dhe, DGATE + e * cap, f, cap, ne);
+    down_dw_one(dye, ge, DW2 + e * d * f, ne, d, f, cap, &sq2[e], scratch);
+    up_dw_one(dhe, xe, DW13 + e * f2 * d, ne, f2, d, cap, &sq13[e], scratch);
+    up_dx_one(dhe, W13 + e * f2 * d, DX + e * cap * d, ne, f2, d, cap, scratch);
+  });
+  return {dx, dw13, ordered(sq13), dw2, ordered(sq2), dgate};
 }
 
 #else
@@ -478,5 +608,14 @@ torch::Tensor expert_down_dx(torch::Tensor, torch::Tensor, torch::Tensor) { retu
 std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return {unavailable(), 0.0}; }
 torch::Tensor expert_up_dx(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
 std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return {unavailable(), 0.0}; }
+std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor) {
+  return {unavailable()};
+}
+std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::Tensor> expert_ffn_bwd(
+    torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
+    torch::Tensor) {
+  auto u = unavailable();
+  return {u, u, 0.0, u, 0.0, u};
+}
 
 #endif

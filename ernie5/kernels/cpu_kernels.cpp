@@ -407,72 +407,22 @@ std::vector<torch::Tensor> qk_norm_rope_bwd(torch::Tensor qkv, torch::Tensor qw,
 
 // --------------------------------------- gated SwiGLU activation of the batched MoE experts
 //
-// h (E, 2F, C): rows [0, F) are the gate projection g, rows [F, 2F) the up projection u, with the
-// C token slots contiguous. gate (E, C). Forward: out = silu(g) * u * gate, (E, F, C).
-
-template <typename T>
-inline void swiglu_fwd_row(const T* __restrict g, const T* __restrict u, const T* __restrict gt, T* __restrict o,
-                           int64_t c) {
-#pragma omp simd
-  for (int64_t j = 0; j < c; ++j) {
-    float gv = to_f(g[j]);
-    float s = gv / (1.f + exp_f(-gv));
-    o[j] = from_f<T>(s * to_f(u[j]) * to_f(gt[j]));
-  }
-}
-
-// Columns a row loop runs over for cv valid slots of c: cv rounded up to whole 16-lane vectors
-// (at most c), so the vector loop has no scalar remainder (GCC 12 finishes an `omp simd` loop with
-// scalar iterations, each a scalar exp here); what it computes past cv is overwritten with zeros.
-inline int64_t vector_width(int64_t cv, int64_t c) { return std::min(c, (cv + 15) / 16 * 16); }
+// The per-expert loops are in cpu_common.h (the fused expert passes of cpu_expert_gemm.cpp run
+// them too); here they run over every expert of a level.
 
 template <typename T>
 void swiglu_fwd_impl(const T* h, const T* gate, T* out, int64_t e, int64_t f, int64_t c, const int64_t* nv) {
   parallel_dynamic(e, [=](int64_t ei) {  // experts of uneven loads: handed out one at a time
-    int64_t cv = nv ? nv[ei] : c, cw = vector_width(cv, c);
-    for (int64_t fi = 0; fi < f; ++fi) {
-      int64_t r = ei * f + fi;
-      const T* g = h + (ei * 2 * f + fi) * c;
-      swiglu_fwd_row(g, g + f * c, gate + ei * c, out + r * c, cw);
-      std::fill(out + r * c + cv, out + (r + 1) * c, T(0));  // pad slots: what h = 0 would give
-    }
+    swiglu_fwd_expert(h + ei * 2 * f * c, gate + ei * c, out + ei * f * c, f, c, nv ? nv[ei] : c);
   });
-}
-
-// d_out (E, F, C) -> d_h (E, 2F, C) and d_gate (E, C) = sum_f d_out * silu(g) * u (fp32).
-template <typename T>
-inline void swiglu_bwd_row(const T* __restrict d, const T* __restrict g, const T* __restrict u,
-                           const T* __restrict gt, T* __restrict dg, T* __restrict du, float* __restrict acc,
-                           int64_t c) {
-#pragma omp simd
-  for (int64_t j = 0; j < c; ++j) {
-    float gv = to_f(g[j]), uv = to_f(u[j]), dv = to_f(d[j]);
-    float sig = 1.f / (1.f + exp_f(-gv));
-    float sg = gv * sig;
-    acc[j] += dv * sg * uv;
-    float da = dv * to_f(gt[j]);
-    du[j] = from_f<T>(da * sg);
-    dg[j] = from_f<T>(da * uv * sig * (1.f + gv * (1.f - sig)));
-  }
 }
 
 template <typename T>
 void swiglu_bwd_impl(const T* dout, const T* h, const T* gate, T* dh, float* dgate, int64_t e, int64_t f, int64_t c,
                      const int64_t* nv) {
-  std::vector<std::vector<float>> accs(at::get_num_threads(), std::vector<float>(c));
   parallel_dynamic(e, [&](int64_t ei) {  // experts of uneven loads: handed out one at a time
-    std::vector<float>& acc = accs[at::get_thread_num()];
-    int64_t cv = nv ? nv[ei] : c, cw = vector_width(cv, c);
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t fi = 0; fi < f; ++fi) {
-      const T* g = h + (ei * 2 * f + fi) * c;
-      T* dg = dh + (ei * 2 * f + fi) * c;
-      swiglu_bwd_row(dout + (ei * f + fi) * c, g, g + f * c, gate + ei * c, dg, dg + f * c, acc.data(), cw);
-      std::fill(dg + cv, dg + c, T(0));  // pad slots: zero, as h = 0 and d_out = 0 there would give
-      std::fill(dg + f * c + cv, dg + f * c + c, T(0));
-    }
-    std::fill(acc.begin() + cv, acc.end(), 0.f);
-    std::copy(acc.begin(), acc.end(), dgate + ei * c);
+    swiglu_bwd_expert(dout + ei * f * c, h + ei * 2 * f * c, gate + ei * c, dh + ei * 2 * f * c, dgate + ei * c, f, c,
+                      nv ? nv[ei] : c);
   });
 }
 
@@ -1212,6 +1162,11 @@ torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n
 std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n);
 torch::Tensor expert_up_dx(torch::Tensor dh, torch::Tensor w13, torch::Tensor n);
 std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n);
+std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor gate,
+                                          torch::Tensor n);
+std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::Tensor> expert_ffn_bwd(
+    torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor h, torch::Tensor g, torch::Tensor gate,
+    torch::Tensor dy, torch::Tensor n);
 std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
                                     bool allow_amx);
 std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,
@@ -1242,6 +1197,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("expert_down_dw", &expert_down_dw);
   m.def("expert_up_dx", &expert_up_dx);
   m.def("expert_up_dw", &expert_up_dw);
+  m.def("expert_ffn_fwd", &expert_ffn_fwd);
+  m.def("expert_ffn_bwd", &expert_ffn_bwd);
   m.def("attention_available", &attention_available);
   m.def("attention_amx", &attention_amx);
   m.def("attn_fwd", &attn_fwd);

@@ -366,11 +366,7 @@ def _level_rows(src_ND: torch.Tensor, src_pad: torch.Tensor | None, lv: _Level, 
 
 
 _ALL_SLOTS = torch.empty(0, dtype=torch.long)
-
-
-def _slots(n_E: torch.Tensor | None) -> torch.Tensor:
-    """The valid slot counts for the fused SwiGLU kernels (an empty tensor: every slot)."""
-    return _ALL_SLOTS if n_E is None else n_E
+"""The valid slot counts that mean "every slot" to the fused SwiGLU kernels."""
 
 
 class _GroupedSwiGLU(torch.autograd.Function):
@@ -390,8 +386,12 @@ class _GroupedSwiGLU(torch.autograd.Function):
     ``silu`` in the backward; the gathers of token rows into the levels read the activations (or
     their gradients) directly, pad slots as zero rows, and the combine (of the outputs, and of the
     input gradients in the backward) sums each token's pairs through ``slot_of_pair`` in one pass,
-    instead of a zero-filled buffer, a transposing copy and a scatter-add. The eager lines are
-    the fallback and the parity reference.
+    instead of a zero-filled buffer, a transposing copy and a scatter-add. In bf16 with
+    AVX512-BF16 (``plan.levels[*].valid_E`` set), each level's forward is one kernel that runs every
+    expert whole (up product, activation, down product, skipping pad slots) while its rows are in
+    L2, and its backward another (five products and the activation's backward; ``d_h`` never
+    leaves the thread's scratch): ``cpu_expert_gemm.cpp``. The eager lines are the fallback and
+    the parity reference.
     """
 
     @staticmethod
@@ -411,19 +411,17 @@ class _GroupedSwiGLU(torch.autograd.Function):
             e = w13.shape[0]
             x_ECD = _level_rows(x_ND, None if fused else x_pad, lv, e)
             n_E = lv.valid_E
-            if n_E is not None:  # fused, bf16: the GEMMs skip each expert's pad slots
-                h_EFC = kernels().expert_up(w13, x_ECD, n_E)
+            gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
+            acts = None
+            if n_E is not None:  # fused, bf16: whole experts in one pass that skips their pad slots
+                h_EFC, gated_EFC, y_ECD = kernels().expert_ffn_fwd(w13, w2, x_ECD, gate_E1C.view(e, -1), n_E)
+                y_levels.append(y_ECD)
+            elif fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
+                h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
+                gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C, _ALL_SLOTS)
+                y_levels.append(torch.bmm(w2, gated_EFC))  # (E, D, C)
             else:
                 h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
-            gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
-            if fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
-                gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C, _slots(n_E))
-                if n_E is not None:
-                    y_levels.append(kernels().expert_down(w2, gated_EFC, n_E))  # (E, C, D)
-                else:
-                    y_levels.append(torch.bmm(w2, gated_EFC))  # (E, D, C)
-                acts = None
-            else:
                 g, u = h_EFC.chunk(2, dim=1)
                 silu_EFC = F.silu(g)
                 act_EFC = silu_EFC * u
@@ -458,31 +456,30 @@ class _GroupedSwiGLU(torch.autograd.Function):
             e = w13.shape[0]
             dy_ECD = _level_rows(dy_ND, None if fused else dy_pad, lv, e)
             n_E = lv.valid_E
-            if n_E is not None:
-                d_w2, sq_w2 = kernels().expert_down_dw(dy_ECD, gated_EFC, n_E)
-                d_gated = kernels().expert_down_dx(w2, dy_ECD, n_E)
-            else:
-                d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
-                d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
-            if fused:
-                d_h, d_gate_EC = kernels().swiglu_gate_bwd(d_gated, h_EFC, gate_E1C, _slots(n_E))
+            if n_E is not None:  # the five products and the activation's backward, expert by expert
+                d_x, d_w13, sq_w13, d_w2, sq_w2, d_gate_EC = kernels().expert_ffn_bwd(
+                    w13, w2, x_ECD, h_EFC, gated_EFC, gate_E1C.view(e, -1), dy_ECD, n_E
+                )
                 dg_pad.index_add_(0, lv.pair_EC, d_gate_EC.view(-1))
-            else:
-                silu_EFC, act_EFC = acts
-                dg_pad.index_add_(0, lv.pair_EC, (d_gated * act_EFC).sum(1, dtype=torch.float32).reshape(-1))
-                d_act = d_gated.mul_(gate_E1C)
-                g, u = h_EFC.chunk(2, dim=1)
-                d_h = torch.empty_like(h_EFC)
-                d_g, d_u = d_h.chunk(2, dim=1)
-                torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
-                torch.mul(d_act, silu_EFC, out=d_u)
-            if n_E is not None:
-                d_w13, sq_w13 = kernels().expert_up_dw(d_h, x_ECD, n_E)
-                d_x = kernels().expert_up_dx(d_h, w13, n_E)
                 if len(ctx.plan.levels) == 1 and lv.experts is None:  # these are the whole gradients
                     ops.record_grad_sumsq(w13_EFD, d_w13, sq_w13)
                     ops.record_grad_sumsq(w2_EDF, d_w2, sq_w2)
             else:
+                d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
+                d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
+                if fused:
+                    d_h, d_gate_EC = kernels().swiglu_gate_bwd(d_gated, h_EFC, gate_E1C, _ALL_SLOTS)
+                    dg_pad.index_add_(0, lv.pair_EC, d_gate_EC.view(-1))
+                else:
+                    silu_EFC, act_EFC = acts
+                    d_gate_N = (d_gated * act_EFC).sum(1, dtype=torch.float32).reshape(-1)
+                    dg_pad.index_add_(0, lv.pair_EC, d_gate_N)
+                    d_act = d_gated.mul_(gate_E1C)
+                    g, u = h_EFC.chunk(2, dim=1)
+                    d_h = torch.empty_like(h_EFC)
+                    d_g, d_u = d_h.chunk(2, dim=1)
+                    torch.ops.aten.silu_backward(d_act * u, g, grad_input=d_g)  # d/dg [silu(g) * u]
+                    torch.mul(d_act, silu_EFC, out=d_u)
                 d_w13 = torch.bmm(d_h, x_ECD)
                 d_x = torch.bmm(d_h.transpose(1, 2), w13)  # (E, C, D), contiguous for the combine
             if fused:

@@ -92,6 +92,53 @@ def test_expert_gemms_match_bmm(n_exp, d, f, cap, counts):
 
 
 @needs_expert_gemm
+@pytest.mark.parametrize(
+    "n_exp,d,f,cap,counts",
+    [
+        (3, 32, 16, 7, [7, 0, 3]),
+        (5, 256, 256, 112, [112, 96, 65, 0, 3]),
+        (2, 48, 48, 80, [80, 79]),
+    ],
+)
+def test_whole_expert_passes_equal_the_separate_kernels(n_exp, d, f, cap, counts):
+    """expert_ffn_fwd = up, activation, down; expert_ffn_bwd = down_dx, the activation's backward,
+    down_dw, up_dw, up_dx: the same outputs bit for bit (pad slots included), the same sums of
+    squares and the same gate gradient."""
+    o = _operands(n_exp, d, f, cap, counts, seed=5)
+    k, n = kernels(), torch.tensor(counts, dtype=torch.long)
+    gate = torch.rand(n_exp, cap, generator=torch.Generator().manual_seed(6)).to(bf16)
+    h = k.expert_up(o["w13"], o["x"], n)
+    g = k.swiglu_gate_fwd(h, gate.view(n_exp, 1, cap), n)
+    want_fwd = (h, g, k.expert_down(o["w2"], g, n))
+    got_fwd = k.expert_ffn_fwd(o["w13"], o["w2"], o["x"], gate, n)
+    for name, a, b in zip(("h", "g", "y"), want_fwd, got_fwd):
+        assert torch.equal(a, b), name
+
+    d_g = k.expert_down_dx(o["w2"], o["dy"], n)
+    d_h, d_gate = k.swiglu_gate_bwd(d_g, h, gate.view(n_exp, 1, cap), n)
+    dw2, sq2 = k.expert_down_dw(o["dy"], g, n)
+    dw13, sq13 = k.expert_up_dw(d_h, o["x"], n)
+    want_bwd = (k.expert_up_dx(d_h, o["w13"], n), dw13, sq13, dw2, sq2, d_gate)
+    got_bwd = k.expert_ffn_bwd(o["w13"], o["w2"], o["x"], h, g, gate, o["dy"], n)
+    for name, a, b in zip(("dx", "dw13", "sq13", "dw2", "sq2", "d_gate"), want_bwd, got_bwd):
+        assert torch.equal(a, b) if torch.is_tensor(a) else a == b, name
+    assert not got_bwd[5][[e for e, c in enumerate(counts) if c < cap]].isnan().any()
+
+
+@needs_expert_gemm
+def test_whole_expert_passes_reject_mismatched_operands():
+    o = _operands(2, 32, 16, 8, [8, 3])
+    n, gate = torch.tensor([8, 3]), torch.ones(2, 8, dtype=bf16)
+    with pytest.raises(RuntimeError, match="gate has 15 elements, expected 16"):
+        kernels().expert_ffn_fwd(o["w13"], o["w2"], o["x"], gate.view(-1)[:15], n)
+    with pytest.raises(RuntimeError, match="expert_ffn_fwd: shapes"):
+        kernels().expert_ffn_fwd(o["w13"], o["w2"][:, :16].contiguous(), o["x"], gate, n)
+    h, g, _ = kernels().expert_ffn_fwd(o["w13"], o["w2"], o["x"], gate, n)
+    with pytest.raises(RuntimeError, match="expert_ffn_bwd: shapes"):
+        kernels().expert_ffn_bwd(o["w13"], o["w2"], o["x"], h, g[:, :8].contiguous(), gate, o["dy"], n)
+
+
+@needs_expert_gemm
 def test_expert_gemm_rejects_bad_counts():
     o = _operands(2, 32, 16, 8, [8, 8])
     with pytest.raises(RuntimeError, match="valid count 9 outside"):
