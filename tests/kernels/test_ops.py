@@ -259,6 +259,22 @@ def test_route_topk_matches_eager(monkeypatch, score_func, masked, norm, scale):
 
 
 @needs_kernels
+@pytest.mark.parametrize("score_func", ["softmax", "sigmoid"])
+def test_route_topk_logit_gradient_is_exactly_sparse_with_renormalised_gates(score_func):
+    """Renormalised top-k gates depend on the selected logits only (for softmax the denominator
+    cancels): the fused backward writes exact zeros elsewhere, which the router's sparse backward
+    pass relies on."""
+    torch.manual_seed(1)
+    logits = torch.randn(200, 16, requires_grad=True)
+    mask = torch.rand(16) > 0.2
+    ids, gates, _ = ops.route_topk(logits, torch.zeros(16), mask, 3, score_func == "sigmoid", True, 1.0)
+    gates.backward(torch.randn_like(gates))
+    selected = torch.zeros(200, 16, dtype=torch.bool).scatter_(1, ids, True)
+    assert not logits.grad[~selected].any()
+    assert logits.grad[selected].ne(0).float().mean() > 0.99
+
+
+@needs_kernels
 @pytest.mark.parametrize("skew", [0.0, 1.0, 3.0])
 def test_dispatch_levels_matches_eager(skew):
     from ernie5.model.moe import RouterOutput, _dispatch_eager, plan_dispatch, plan_levels
@@ -397,16 +413,24 @@ needs_router_kernel = pytest.mark.skipif(
 )
 
 
+def _top2_grad(n: int, e: int) -> torch.Tensor:
+    """A logit gradient as the router's top-k backward leaves it: two nonzero entries per row."""
+    ids = torch.stack([torch.randperm(e)[:2] for _ in range(n)])
+    return torch.zeros(n, e).scatter_(1, ids, torch.randn(n, 2))
+
+
 @needs_router_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,d,e", [(2048, 256, 64), (7, 64, 16), (5, 128, 128), (33, 192, 48)])
-def test_router_logits_match_fp32_linear(dtype, n, d, e):
-    """The fused router logits are ``F.linear(x.float(), w.float())`` with the same gradients."""
+@pytest.mark.parametrize("grad", ["dense", "top2"])
+def test_router_logits_match_fp32_linear(dtype, n, d, e, grad):
+    """The fused router logits are ``F.linear(x.float(), w.float())`` with the same gradients, from a
+    dense logit gradient and from a top-2-sparse one (the sparse backward pass)."""
     torch.manual_seed(0)
     x = torch.randn(n, d).to(dtype).requires_grad_()
     w = (torch.randn(e, d) * 0.05).to(dtype).requires_grad_()
     assert ops.router_fusable(x, w)
-    g = torch.randn(n, e)
+    g = torch.randn(n, e) if grad == "dense" else _top2_grad(n, e)
     out, grads = _grads(lambda x, w: (ops.router_logits(x, w),), [x, w], [g])
     ref, ref_grads = _grads(lambda x, w: (F.linear(x.float(), w.float()),), [x, w], [g])
     assert out[0].dtype == torch.float32
@@ -419,11 +443,12 @@ def test_router_logits_match_fp32_linear(dtype, n, d, e):
 
 
 @needs_router_kernel
-def test_router_logits_do_not_depend_on_the_thread_count():
+@pytest.mark.parametrize("grad", ["dense", "top2"])
+def test_router_logits_do_not_depend_on_the_thread_count(grad):
     torch.manual_seed(0)
     x = torch.randn(300, 256).to(torch.bfloat16)
     w = (torch.randn(64, 256) * 0.05).to(torch.bfloat16)
-    g = torch.randn(300, 64)
+    g = torch.randn(300, 64) if grad == "dense" else _top2_grad(300, 64)
     k, threads = kernels(), torch.get_num_threads()
     try:
         torch.set_num_threads(1)
