@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -1120,50 +1119,44 @@ void router_dw_task(const float* g, const T* x, float* dw, int64_t n, int64_t d,
 
 // The router's logit gradient is k-sparse per row (route_topk_bwd with sigmoid scores or
 // renormalised gates writes only the selected experts): dx and dw then take only the nonzero
-// entries, in the order the dense loops meet them. Skipping an entry whose product is zero leaves
-// every sum as it is (for finite x and w), so both passes give the same outputs bit for bit; the
-// sparse one does k instead of E multiply-adds per row (64 -> 2 at the nano shape: 0.55 -> 0.05 ms).
+// entries, in the order the dense loops meet them (dx: over experts, dw: over rows, both
+// ascending). Skipping an entry whose product is zero leaves every sum as it is (for finite x and
+// w), so both passes give the same outputs bit for bit; the sparse one does k instead of E
+// multiply-adds per row and output (64 -> 2 at the nano shape). One pass over the rows per block of
+// 64 columns (x streamed in order, which the hardware prefetcher follows; dw's block accumulates in
+// L1): 0.56-0.85 -> 0.13-0.18 ms at 2048 x 256 x 64.
 template <typename T>
 void router_bwd_sparse(const float* g, const T* x, const float* wf, T* dx, float* dw, int64_t n, int64_t d,
                        int64_t e) {
-  // dx rows: sum over the row's nonzero entries j (found 16 at a time) of g[r, j] * w[j, :]; the
-  // entries are kept per row (cols, count) for the dw pass.
-  std::vector<int32_t> cols(n * e), count(n);
-  at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* gr = g + r * e;
-      int32_t* nz = cols.data() + r * e;
-      int32_t m = 0;
-      for (int64_t j0 = 0; j0 < e; j0 += 16)
-        for (uint32_t bits = _mm512_cmp_ps_mask(_mm512_loadu_ps(gr + j0), _mm512_setzero_ps(), _CMP_NEQ_UQ); bits;
-             bits &= bits - 1)
-          nz[m++] = static_cast<int32_t>(j0 + __builtin_ctz(bits));
-      count[r] = m;
-      for (int64_t c = 0; c < d; c += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int32_t i = 0; i < m; ++i)
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(gr[nz[i]]), _mm512_loadu_ps(wf + nz[i] * d + c), acc);
-        store16(dx + r * d + c, acc);
+  at::parallel_for(0, d / 64, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<int32_t> nz(e);
+    std::vector<float> acc_dw(e * 64);
+    for (int64_t c0 = 64 * b0; c0 < 64 * b1; c0 += 64) {
+      std::fill(acc_dw.begin(), acc_dw.end(), 0.f);
+      for (int64_t r = 0; r < n; ++r) {
+        const float* gr = g + r * e;
+        int32_t m = 0;
+        for (int64_t j0 = 0; j0 < e; j0 += 16)
+          for (uint32_t bits = _mm512_cmp_ps_mask(_mm512_loadu_ps(gr + j0), _mm512_setzero_ps(), _CMP_NEQ_UQ); bits;
+               bits &= bits - 1)
+            nz[m++] = static_cast<int32_t>(j0 + __builtin_ctz(bits));
+        __m512 xv[4], acc[4];
+        for (int q = 0; q < 4; ++q) {
+          xv[q] = load16(x + r * d + c0 + 16 * q);
+          acc[q] = _mm512_setzero_ps();
+        }
+        for (int32_t i = 0; i < m; ++i) {
+          __m512 gv = _mm512_set1_ps(gr[nz[i]]);
+          float* dwj = acc_dw.data() + nz[i] * 64;
+          for (int q = 0; q < 4; ++q) {
+            acc[q] = _mm512_fmadd_ps(gv, _mm512_loadu_ps(wf + nz[i] * d + c0 + 16 * q), acc[q]);
+            _mm512_storeu_ps(dwj + 16 * q, _mm512_fmadd_ps(gv, xv[q], _mm512_loadu_ps(dwj + 16 * q)));
+          }
+        }
+        for (int q = 0; q < 4; ++q) store16(dx + r * d + c0 + 16 * q, acc[q]);
       }
+      for (int64_t j = 0; j < e; ++j) std::copy_n(acc_dw.data() + j * 64, 64, dw + j * d + c0);
     }
-  });
-  // dw rows: per expert, the rows that routed to it, in row order (a counting sort of the entries).
-  std::vector<int64_t> start(e + 1, 0);
-  for (int64_t r = 0; r < n; ++r)
-    for (int32_t i = 0; i < count[r]; ++i) ++start[cols[r * e + i] + 1];
-  std::partial_sum(start.begin(), start.end(), start.begin());
-  std::vector<int32_t> rows(start[e]);
-  std::vector<int64_t> fill(start.begin(), start.end() - 1);
-  for (int64_t r = 0; r < n; ++r)
-    for (int32_t i = 0; i < count[r]; ++i) rows[fill[cols[r * e + i]]++] = static_cast<int32_t>(r);
-  at::parallel_for(0, e, 1, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j)
-      for (int64_t c = 0; c < d; c += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t i = start[j]; i < start[j + 1]; ++i)
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(g[rows[i] * e + j]), load16(x + rows[i] * d + c), acc);
-        _mm512_storeu_ps(dw + j * d + c, acc);
-      }
   });
 }
 
