@@ -164,10 +164,12 @@ void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int6
   }
 }
 
-// 16 x 16 dword transpose: dst[k][r] = src[r][k], rows of src ls dwords apart, of dst ld.
-inline void transpose16(const uint32_t* src, int64_t ls, uint32_t* dst, int64_t ld) {
+// 16 x 16 dword transpose: dst[k][r] = src_r[k] for the 16 rows row(0) ... row(15), rows of dst
+// ld dwords apart.
+template <typename Row>
+inline void transpose16(const Row& row, uint32_t* dst, int64_t ld) {
   __m512i r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ls);
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(row(i));
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
@@ -192,51 +194,69 @@ inline void transpose16(const uint32_t* src, int64_t ls, uint32_t* dst, int64_t 
   for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * ld, r[i]);  // r[i]: column i of the 16 rows
 }
 
-// out[k][r] = (src[r, 2k], src[r, 2k+1]) for r < rows (zero for rows <= r < width); elements at
-// or past kv along a row are zero. src rows have stride ld (elements).
-void pack_t(const uint16_t* src, int64_t rows, int64_t ld, int64_t kv, uint32_t* out, int64_t width) {
+// ... of rows ls dwords apart from src.
+inline void transpose16(const uint32_t* src, int64_t ls, uint32_t* dst, int64_t ld) {
+  transpose16([=](int i) { return src + i * ls; }, dst, ld);
+}
+
+// The rows of a bf16 operand: row r at base + r * ld, or, with idx, at base + idx[r] * ld (the
+// token rows of a level's slots read in place through its slot -> token index, rather than
+// gathered into an (E, C, D) copy first).
+struct Rows {
+  const uint16_t* base;
+  int64_t ld;
+  const int64_t* idx = nullptr;
+  const uint16_t* operator()(int64_t r) const { return base + (idx ? idx[r] : r) * ld; }
+};
+
+// out[k][r] = (src_r[2k], src_r[2k+1]) for r < rows (zero for rows <= r < width); elements at or
+// past kv along a row are zero.
+void pack_t(const Rows& src, int64_t rows, int64_t kv, uint32_t* out, int64_t width) {
   int64_t k2 = (kv + 1) / 2, kf = kv / 2;  // kf whole pairs
   int64_t r0 = 0;
-  if (ld % 2 == 0 && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {  // rows are dword arrays
-    const uint32_t* s32 = reinterpret_cast<const uint32_t*>(src);
-    int64_t l32 = ld / 2;
+  auto row32 = [&](int64_t r) { return reinterpret_cast<const uint32_t*>(src(r)); };
+  if (src.ld % 2 == 0 && (reinterpret_cast<uintptr_t>(src.base) & 3) == 0) {  // rows are dword arrays
     for (; r0 + 16 <= rows; r0 += 16) {
+      const uint32_t* rp[16];
+      for (int i = 0; i < 16; ++i) rp[i] = row32(r0 + i);
       int64_t k = 0;
-      for (; k + 16 <= kf; k += 16) transpose16(s32 + r0 * l32 + k, l32, out + k * width + r0, width);
+      for (; k + 16 <= kf; k += 16) transpose16([&](int i) { return rp[i] + k; }, out + k * width + r0, width);
       for (; k < kf; ++k)
-        for (int64_t r = r0; r < r0 + 16; ++r) out[k * width + r] = s32[r * l32 + k];
+        for (int i = 0; i < 16; ++i) out[k * width + r0 + i] = rp[i][k];
       if (kv & 1)
-        for (int64_t r = r0; r < r0 + 16; ++r) out[kf * width + r] = pair(src[r * ld + kv - 1], 0);
+        for (int64_t r = r0; r < r0 + 16; ++r) out[kf * width + r] = pair(src(r)[kv - 1], 0);
     }
   }
   for (int64_t r = r0; r < rows; ++r) {
-    const uint16_t* s = src + r * ld;
+    const uint16_t* s = src(r);
     for (int64_t k = 0; k < kf; ++k) out[k * width + r] = pair(s[2 * k], s[2 * k + 1]);
     if (kv & 1) out[kf * width + r] = pair(s[kv - 1], 0);
   }
   for (int64_t k = 0; k < k2; ++k) std::fill(out + k * width + rows, out + k * width + width, 0u);
 }
 
-// out[k][j] = (src[2k, j], src[2k+1, j]) for j < cols (zero for cols <= j < width); rows at or
-// past kv are zero. src rows have stride ld (elements). The rows kPackAhead pairs ahead are fetched
+// out[k][j] = (src_2k[j], src_2k+1[j]) for j < cols (zero for cols <= j < width); rows at or
+// past kv are zero. The rows kPackAhead pairs ahead are fetched
 // as it goes: packing an expert's weight for the input-gradient products read memory that the
 // hardware prefetcher left cold (the weights of a layer are read once per pass), and stalled on it.
 // Alternating with the other product so that weights are cold, as in training: up_dx 409-424 ->
 // 518-540 GFLOP/s, down_dx 321-369 -> 379-392 (gamma loads of mean 64, cap 112).
 constexpr int64_t kPackAhead = 8;
-void pack_i(const uint16_t* src, int64_t kv, int64_t ld, int64_t cols, uint32_t* out, int64_t width) {
+void pack_i(const Rows& src, int64_t kv, int64_t cols, uint32_t* out, int64_t width) {
   int64_t k2 = (kv + 1) / 2;
   const __m256i zero = _mm256_setzero_si256();
   for (int64_t k = 0; k < k2; ++k) {
-    const uint16_t* s0 = src + 2 * k * ld;
+    const uint16_t* s0 = src(2 * k);
     const bool has1 = 2 * k + 1 < kv;
-    const uint16_t* s1 = s0 + ld;
+    const uint16_t* s1 = has1 ? src(2 * k + 1) : s0;
     uint32_t* o = out + k * width;
-    if (2 * (k + kPackAhead) + 1 < kv)  // the row pair kPackAhead pairs ahead (see above)
+    if (2 * (k + kPackAhead) + 1 < kv) {  // the row pair kPackAhead pairs ahead (see above)
+      const uint16_t *p0 = src(2 * (k + kPackAhead)), *p1 = src(2 * (k + kPackAhead) + 1);
       for (int64_t j = 0; j < cols; j += 32) {
-        _mm_prefetch(reinterpret_cast<const char*>(s0 + 2 * kPackAhead * ld + j), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(s1 + 2 * kPackAhead * ld + j), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p0 + j), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p1 + j), _MM_HINT_T0);
       }
+    }
     int64_t j = 0;
     for (; j + 16 <= cols; j += 16) {  // 16 pairs: widen both rows to 32 bits, the odd one shifted up
       __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s0 + j)));
@@ -287,9 +307,9 @@ void check3(const torch::Tensor& t, const char* name) {
 // he (2F, cap) = w13_e (2F, D) @ x_e (cap, D)^T, pad columns zero: the weight rows broadcast as
 // they lie, the token rows packed ([d/2][slots]: (x[c, 2k], x[c, 2k+1])).
 inline int64_t up_words(int64_t d, int64_t cap) { return d / 2 * up16(cap); }
-void up_one(const uint16_t* we, const uint16_t* xe, uint16_t* he, int64_t ne, int64_t f2, int64_t d, int64_t cap,
+void up_one(const uint16_t* we, const Rows& xe, uint16_t* he, int64_t ne, int64_t f2, int64_t d, int64_t cap,
             uint32_t* bp) {
-  pack_t(xe, ne, d, d, bp, up16(ne));
+  pack_t(xe, ne, d, bp, up16(ne));
   gemm(f2, ne, d / 2, reinterpret_cast<const uint32_t*>(we), d / 2, 1, bp, up16(ne), he, cap);
   zero_cols(he, f2, cap, ne);
 }
@@ -308,7 +328,7 @@ void down_one(const uint16_t* we, const uint16_t* ge, uint16_t* ye, int64_t ne, 
   float* yt = reinterpret_cast<float*>(buf + k2 * w16);  // [d][slots] fp32
   uint32_t* blk = buf + k2 * w16 + d * w16;              // one transposed 16 x 16 block
   if (ne > 0) {
-    pack_i(ge, f, cap, ne, bp, ld);
+    pack_i({ge, cap}, f, ne, bp, ld);
     gemm(d, ne, k2, reinterpret_cast<const uint32_t*>(we), k2, 1, bp, ld, nullptr, ld, false, nullptr, yt);
     for (int64_t c0 = 0; c0 < ne; c0 += 16)
       for (int64_t d0 = 0; d0 < d; d0 += 16) {
@@ -323,14 +343,14 @@ void down_one(const uint16_t* we, const uint16_t* ge, uint16_t* ye, int64_t ne, 
 
 // dge (F, cap) = w2_e (D, F)^T @ dy_e (cap, D)^T, pad columns zero.
 inline int64_t down_dx_words(int64_t d, int64_t f, int64_t cap) { return d / 2 * (up16(cap) + f); }
-void down_dx_one(const uint16_t* we, const uint16_t* dye, uint16_t* dge, int64_t ne, int64_t d, int64_t f,
+void down_dx_one(const uint16_t* we, const Rows& dye, uint16_t* dge, int64_t ne, int64_t d, int64_t f,
                  int64_t cap, uint32_t* buf) {
   int64_t k2 = d / 2;
   uint32_t* ap = buf;           // [k2][f]: (w2[2k, f], w2[2k+1, f])
   uint32_t* bp = buf + k2 * f;  // [k2][n16]: (dy[c, 2k], dy[c, 2k+1])
   if (ne > 0) {
-    pack_i(we, d, f, f, ap, f);
-    pack_t(dye, ne, d, d, bp, up16(ne));
+    pack_i({we, f}, d, f, ap, f);
+    pack_t(dye, ne, d, bp, up16(ne));
     gemm(f, ne, k2, ap, 1, f, bp, up16(ne), dge, cap);
   }
   zero_cols(dge, f, cap, ne);
@@ -344,8 +364,8 @@ void up_dx_one(const uint16_t* dhe, const uint16_t* we, uint16_t* dxe, int64_t n
   uint32_t* ap = buf;             // [k2][ne]: (dh[2k, c], dh[2k+1, c])
   uint32_t* bp = buf + k2 * cap;  // [k2][d]: (w13[2k, d], w13[2k+1, d])
   if (ne > 0) {
-    pack_i(dhe, f2, cap, ne, ap, ne);
-    pack_i(we, f2, d, d, bp, d);
+    pack_i({dhe, cap}, f2, ne, ap, ne);
+    pack_i({we, d}, f2, d, bp, d);
     gemm(ne, d, k2, ap, 1, ne, bp, d, dxe, d);
   }
   std::fill(dxe + ne * d, dxe + cap * d, uint16_t{0});
@@ -369,20 +389,20 @@ void slots_one(int64_t m, int64_t n_out, int64_t ne, const PackA& pack_a, const 
 }
 
 // dw2_e (D, F) = dy_e (cap, D)^T @ g_e (F, cap)^T over the valid slots.
-void down_dw_one(const uint16_t* dye, const uint16_t* ge, uint16_t* oe, int64_t ne, int64_t d, int64_t f, int64_t cap,
+void down_dw_one(const Rows& dye, const uint16_t* ge, uint16_t* oe, int64_t ne, int64_t d, int64_t f, int64_t cap,
                  double* sq, uint32_t* buf) {
   slots_one(
-      d, f, ne, [&](uint32_t* ap, int64_t w) { pack_i(dye, ne, d, d, ap, w); },  // (dy[2k, d], dy[2k+1, d])
-      [&](uint32_t* bp, int64_t w) { pack_t(ge, f, cap, ne, bp, w); },          // (g[f, 2k], g[f, 2k+1])
+      d, f, ne, [&](uint32_t* ap, int64_t w) { pack_i(dye, ne, d, ap, w); },  // (dy[2k, d], dy[2k+1, d])
+      [&](uint32_t* bp, int64_t w) { pack_t({ge, cap}, f, ne, bp, w); },     // (g[f, 2k], g[f, 2k+1])
       oe, sq, buf);
 }
 
 // dw13_e (2F, D) = dh_e (2F, cap) @ x_e (cap, D) over the valid slots.
-void up_dw_one(const uint16_t* dhe, const uint16_t* xe, uint16_t* oe, int64_t ne, int64_t f2, int64_t d, int64_t cap,
+void up_dw_one(const uint16_t* dhe, const Rows& xe, uint16_t* oe, int64_t ne, int64_t f2, int64_t d, int64_t cap,
                double* sq, uint32_t* buf) {
   slots_one(
-      f2, d, ne, [&](uint32_t* ap, int64_t w) { pack_t(dhe, f2, cap, ne, ap, w); },  // (dh[f, 2k], dh[f, 2k+1])
-      [&](uint32_t* bp, int64_t w) { pack_i(xe, ne, d, d, bp, w); },                // (x[2k, d], x[2k+1, d])
+      f2, d, ne, [&](uint32_t* ap, int64_t w) { pack_t({dhe, cap}, f2, ne, ap, w); },  // (dh[f, 2k], dh[f, 2k+1])
+      [&](uint32_t* bp, int64_t w) { pack_i(xe, ne, d, bp, w); },                     // (x[2k, d], x[2k+1, d])
       oe, sq, buf);
 }
 
@@ -392,18 +412,30 @@ double ordered(const std::vector<double>& sq) { return std::accumulate(sq.begin(
 
 // Checks shared by the two whole-expert passes: w13 (E, 2F, D), w2 (E, D, F), token rows (E, C, D)
 // and gate (E, C), bf16.
-void check_ffn(const char* what, const torch::Tensor& w13, const torch::Tensor& w2, const torch::Tensor& x,
-               const torch::Tensor& gate) {
+// Checks shared by the two whole-expert passes: w13 (E, 2F, D), w2 (E, D, F), token rows x (N, D),
+// gate (E, C), all bf16, and tok (E * C) int64, whose first n[e] slots of each expert must name rows
+// of x (the rest, pad slots, are not read). Returns the valid counts.
+const int64_t* check_ffn(const char* what, const torch::Tensor& w13, const torch::Tensor& w2, const torch::Tensor& x,
+                         const torch::Tensor& tok, const torch::Tensor& gate, const torch::Tensor& n) {
   check3(w13, "w13");
   check3(w2, "w2");
-  check3(x, "x");
+  check(x, "x", torch::kBFloat16);
   check(gate, "gate", torch::kBFloat16);
+  check(tok, "token index", torch::kLong);
   int64_t e_n = w13.size(0), f2 = w13.size(1), d = w13.size(2);
-  TORCH_CHECK(w2.size(0) == e_n && w2.size(1) == d && 2 * w2.size(2) == f2 && x.size(0) == e_n && x.size(2) == d &&
+  TORCH_CHECK(w2.size(0) == e_n && w2.size(1) == d && 2 * w2.size(2) == f2 && x.dim() == 2 && x.size(1) == d &&
                   d % 16 == 0 && f2 % 32 == 0,
               what, ": shapes ", w13.sizes(), ", ", w2.sizes(), " and ", x.sizes());
-  TORCH_CHECK(gate.numel() == e_n * x.size(1), what, ": gate has ", gate.numel(), " elements, expected ",
-              e_n * x.size(1));
+  TORCH_CHECK(gate.dim() == 2 && gate.size(0) == e_n && tok.numel() == gate.numel(), what, ": gate ", gate.sizes(),
+              " and token index of ", tok.numel(), " slots for ", e_n, " experts");
+  int64_t cap = gate.size(1), rows = x.size(0);
+  const int64_t* nv = valid_counts(n, e_n, cap);
+  const int64_t* t = tok.data_ptr<int64_t>();
+  for (int64_t e = 0; e < e_n; ++e)
+    for (int64_t c = 0; c < nv[e]; ++c)
+      TORCH_CHECK(t[e * cap + c] >= 0 && t[e * cap + c] < rows, what, ": token index ", t[e * cap + c],
+                  " outside [0, ", rows, ")");
+  return nv;
 }
 
 #endif  // ERNIE5_EXPERT_GEMM
@@ -426,7 +458,7 @@ torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n) {
   const uint16_t* X = ptr<uint16_t>(x);
   uint16_t* H = ptr<uint16_t>(h);
   for_experts(e_n, up_words(d, cap), [&](int64_t e, uint32_t* buf) {
-    up_one(W + e * f2 * d, X + e * cap * d, H + e * f2 * cap, nv[e], f2, d, cap, buf);
+    up_one(W + e * f2 * d, {X + e * cap * d, d}, H + e * f2 * cap, nv[e], f2, d, cap, buf);
   });
   return h;
 }
@@ -462,7 +494,7 @@ torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n
   const uint16_t* DY = ptr<uint16_t>(dy);
   uint16_t* DG = ptr<uint16_t>(dg);
   for_experts(e_n, down_dx_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
-    down_dx_one(W + e * d * f, DY + e * cap * d, DG + e * f * cap, nv[e], d, f, cap, buf);
+    down_dx_one(W + e * d * f, {DY + e * cap * d, d}, DG + e * f * cap, nv[e], d, f, cap, buf);
   });
   return dg;
 }
@@ -482,7 +514,7 @@ std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor
   uint16_t* O = ptr<uint16_t>(dw);
   std::vector<double> sq(e_n, 0.0);
   for_experts(e_n, slots_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
-    down_dw_one(DY + e * cap * d, G + e * f * cap, O + e * d * f, nv[e], d, f, cap, &sq[e], buf);
+    down_dw_one({DY + e * cap * d, d}, G + e * f * cap, O + e * d * f, nv[e], d, f, cap, &sq[e], buf);
   });
   return {dw, ordered(sq)};
 }
@@ -520,60 +552,63 @@ std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor dh, torch::Tensor x
   uint16_t* O = ptr<uint16_t>(dw);
   std::vector<double> sq(e_n, 0.0);
   for_experts(e_n, slots_words(f2, d, cap), [&](int64_t e, uint32_t* buf) {
-    up_dw_one(DH + e * f2 * cap, X + e * cap * d, O + e * f2 * d, nv[e], f2, d, cap, &sq[e], buf);
+    up_dw_one(DH + e * f2 * cap, {X + e * cap * d, d}, O + e * f2 * d, nv[e], f2, d, cap, &sq[e], buf);
   });
   return {dw, ordered(sq)};
 }
 
 // The whole forward of a level's experts, expert by expert while its rows are in L2: h = w13 x^T
-// (expert_up), g = silu(h_gate) * h_up * gate (swiglu_gate_fwd), y = (w2 g)^T (expert_down).
-// Returns {h, g, y}, each equal bit for bit to what the three passes give; h and g are what the
-// backward reads. One pass instead of three: g is not written out and read back, and the threads
-// wait for the slowest expert once.
-std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor gate,
-                                          torch::Tensor n) {
-  check_ffn("expert_ffn_fwd", w13, w2, x, gate);
-  int64_t e_n = w13.size(0), f2 = w13.size(1), f = f2 / 2, d = w13.size(2), cap = x.size(1);
-  const int64_t* nv = valid_counts(n, e_n, cap);
+// (expert_up), g = silu(h_gate) * h_up * gate (swiglu_gate_fwd), y = (w2 g)^T (expert_down), with
+// x the level's token rows read in place from x (N, D) through tok (E * C; the gather of
+// gather_rows, without the (E, C, D) copy). Returns {h, g, y}, each equal bit for bit to what the
+// gather and the three passes give; h and g are what the backward reads. One pass instead of four:
+// neither the token rows nor g are written out and read back, and the threads wait for the slowest
+// expert once.
+std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor tok,
+                                          torch::Tensor gate, torch::Tensor n) {
+  const int64_t* nv = check_ffn("expert_ffn_fwd", w13, w2, x, tok, gate, n);
+  int64_t e_n = w13.size(0), f2 = w13.size(1), f = f2 / 2, d = w13.size(2), cap = gate.size(1);
   auto h = torch::empty({e_n, f2, cap}, w13.options());
   auto g = torch::empty({e_n, f, cap}, w13.options());
   auto y = torch::empty({e_n, cap, d}, w13.options());
   const uint16_t *W13 = ptr<uint16_t>(w13), *W2 = ptr<uint16_t>(w2), *X = ptr<uint16_t>(x),
                  *GT = ptr<uint16_t>(gate);
+  const int64_t* T = tok.data_ptr<int64_t>();
   uint16_t *H = ptr<uint16_t>(h), *G = ptr<uint16_t>(g), *Y = ptr<uint16_t>(y);
   int64_t words = std::max(up_words(d, cap), down_words(d, f, cap));
   for_experts(e_n, words, [&](int64_t e, uint32_t* buf) {
     int64_t ne = nv[e];
-    up_one(W13 + e * f2 * d, X + e * cap * d, H + e * f2 * cap, ne, f2, d, cap, buf);
+    up_one(W13 + e * f2 * d, {X, d, T + e * cap}, H + e * f2 * cap, ne, f2, d, cap, buf);
     swiglu_fwd_expert(H + e * f2 * cap, GT + e * cap, G + e * f * cap, f, cap, ne);
     down_one(W2 + e * d * f, G + e * f * cap, Y + e * cap * d, ne, d, f, cap, buf);
   });
   return {h, g, y};
 }
 
-// The whole backward of a level's experts from the output gradient rows dy (E, C, D), expert by
-// expert: dg = w2^T dy^T (expert_down_dx), then dh and the gate gradient (swiglu_gate_bwd), dw2
-// (expert_down_dw), dw13 (expert_up_dw) and dx (expert_up_dx). dg and dh live only in the thread's
-// scratch (L2), never in memory. Returns (dx (E, C, D), dw13, its sum of squares, dw2, its sum of
-// squares, d_gate (E, C) fp32), each equal bit for bit to what the five passes give.
+// The whole backward of a level's experts from the output gradient dy (N, D), its rows and x's read
+// through tok as in the forward, expert by expert: dg = w2^T dy^T (expert_down_dx), then dh and the
+// gate gradient (swiglu_gate_bwd), dw2 (expert_down_dw), dw13 (expert_up_dw) and dx (expert_up_dx).
+// dg and dh live only in the thread's scratch (L2), never in memory. Returns (dx (E, C, D) token
+// rows, dw13, its sum of squares, dw2, its sum of squares, d_gate (E, C) fp32), each equal bit for
+// bit to what the gathers and the five passes give.
 std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::Tensor> expert_ffn_bwd(
-    torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor h, torch::Tensor g, torch::Tensor gate,
-    torch::Tensor dy, torch::Tensor n) {
-  check_ffn("expert_ffn_bwd", w13, w2, x, gate);
-  int64_t e_n = w13.size(0), f2 = w13.size(1), f = f2 / 2, d = w13.size(2), cap = x.size(1);
+    torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor tok, torch::Tensor h, torch::Tensor g,
+    torch::Tensor gate, torch::Tensor dy, torch::Tensor n) {
+  const int64_t* nv = check_ffn("expert_ffn_bwd", w13, w2, x, tok, gate, n);
+  int64_t e_n = w13.size(0), f2 = w13.size(1), f = f2 / 2, d = w13.size(2), cap = gate.size(1);
   check3(h, "h");
   check3(g, "g");
-  check3(dy, "dy");
+  check(dy, "dy", torch::kBFloat16);
   TORCH_CHECK(h.sizes() == torch::IntArrayRef({e_n, f2, cap}) && g.sizes() == torch::IntArrayRef({e_n, f, cap}) &&
                   dy.sizes() == x.sizes(),
               "expert_ffn_bwd: shapes ", h.sizes(), ", ", g.sizes(), " and ", dy.sizes(), " for tokens ", x.sizes());
-  const int64_t* nv = valid_counts(n, e_n, cap);
   auto dx = torch::empty({e_n, cap, d}, w13.options());
   auto dw13 = torch::empty({e_n, f2, d}, w13.options());
   auto dw2 = torch::empty({e_n, d, f}, w13.options());
   auto dgate = torch::empty({e_n, cap}, w13.options().dtype(torch::kFloat));
   const uint16_t *W13 = ptr<uint16_t>(w13), *W2 = ptr<uint16_t>(w2), *X = ptr<uint16_t>(x), *H = ptr<uint16_t>(h),
                  *G = ptr<uint16_t>(g), *GT = ptr<uint16_t>(gate), *DY = ptr<uint16_t>(dy);
+  const int64_t* T = tok.data_ptr<int64_t>();
   uint16_t *DX = ptr<uint16_t>(dx), *DW13 = ptr<uint16_t>(dw13), *DW2 = ptr<uint16_t>(dw2);
   float* DGATE = ptr<float>(dgate);
   std::vector<double> sq13(e_n, 0.0), sq2(e_n, 0.0);
@@ -585,7 +620,8 @@ std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::T
     uint16_t* dge = reinterpret_cast<uint16_t*>(buf);
     uint16_t* dhe = dge + f * cap;
     uint32_t* scratch = buf + held;
-    const uint16_t *dye = DY + e * cap * d, *xe = X + e * cap * d, *ge = G + e * f * cap;
+    const Rows dye{DY, d, T + e * cap}, xe{X, d, T + e * cap};
+    const uint16_t* ge = G + e * f * cap;
     down_dx_one(W2 + e * d * f, dye, dge, ne, d, f, cap, scratch);
     swiglu_bwd_expert(dge, H + e * f2 * cap, GT + e * cap, dhe, DGATE + e * cap, f, cap, ne);
     down_dw_one(dye, ge, DW2 + e * d * f, ne, d, f, cap, &sq2[e], scratch);
@@ -608,12 +644,13 @@ torch::Tensor expert_down_dx(torch::Tensor, torch::Tensor, torch::Tensor) { retu
 std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return {unavailable(), 0.0}; }
 torch::Tensor expert_up_dx(torch::Tensor, torch::Tensor, torch::Tensor) { return unavailable(); }
 std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor, torch::Tensor, torch::Tensor) { return {unavailable(), 0.0}; }
-std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor) {
+std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
+                                          torch::Tensor) {
   return {unavailable()};
 }
 std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::Tensor> expert_ffn_bwd(
     torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
-    torch::Tensor) {
+    torch::Tensor, torch::Tensor) {
   auto u = unavailable();
   return {u, u, 0.0, u, 0.0, u};
 }

@@ -1282,11 +1282,11 @@ torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n
 std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor g, torch::Tensor n);
 torch::Tensor expert_up_dx(torch::Tensor dh, torch::Tensor w13, torch::Tensor n);
 std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor dh, torch::Tensor x, torch::Tensor n);
-std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor gate,
-                                          torch::Tensor n);
+std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor tok,
+                                          torch::Tensor gate, torch::Tensor n);
 std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::Tensor> expert_ffn_bwd(
-    torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor h, torch::Tensor g, torch::Tensor gate,
-    torch::Tensor dy, torch::Tensor n);
+    torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor tok, torch::Tensor h, torch::Tensor g,
+    torch::Tensor gate, torch::Tensor dy, torch::Tensor n);
 std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
                                     bool allow_amx);
 std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,

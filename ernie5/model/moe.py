@@ -388,9 +388,10 @@ class _GroupedSwiGLU(torch.autograd.Function):
     input gradients in the backward) sums each token's pairs through ``slot_of_pair`` in one pass,
     instead of a zero-filled buffer, a transposing copy and a scatter-add. In bf16 with
     AVX512-BF16 (``plan.levels[*].valid_E`` set), each level's forward is one kernel that runs every
-    expert whole (up product, activation, down product, skipping pad slots) while its rows are in
-    L2, and its backward another (five products and the activation's backward; ``d_h`` never
-    leaves the thread's scratch): ``cpu_expert_gemm.cpp``. The eager lines are the fallback and
+    expert whole (its token rows read in place through ``tok_EC``, no gathered copy; up product,
+    activation, down product, skipping pad slots) while its rows are in L2, and its backward
+    another (five products and the activation's backward; ``d_h`` never leaves the thread's
+    scratch): ``cpu_expert_gemm.cpp``. The eager lines are the fallback and
     the parity reference.
     """
 
@@ -409,26 +410,29 @@ class _GroupedSwiGLU(torch.autograd.Function):
         for lv in plan.levels:
             w13, w2 = lv.weights(w13_EFD, w2_EDF)
             e = w13.shape[0]
-            x_ECD = _level_rows(x_ND, None if fused else x_pad, lv, e)
             n_E = lv.valid_E
             gate_E1C = g_pad.index_select(0, lv.pair_EC).view(e, 1, lv.cap)
             acts = None
             if n_E is not None:  # fused, bf16: whole experts in one pass that skips their pad slots
-                h_EFC, gated_EFC, y_ECD = kernels().expert_ffn_fwd(w13, w2, x_ECD, gate_E1C.view(e, -1), n_E)
+                x_ECD = x_ND  # its rows are read in place through lv.tok_EC, here and in the backward
+                h_EFC, gated_EFC, y_ECD = kernels().expert_ffn_fwd(
+                    w13, w2, x_ND, lv.tok_EC, gate_E1C.view(e, -1), n_E
+                )
                 y_levels.append(y_ECD)
-            elif fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
-                h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
-                gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C, _ALL_SLOTS)
-                y_levels.append(torch.bmm(w2, gated_EFC))  # (E, D, C)
             else:
+                x_ECD = _level_rows(x_ND, None if fused else x_pad, lv, e)
                 h_EFC = torch.bmm(w13, x_ECD.transpose(1, 2))
-                g, u = h_EFC.chunk(2, dim=1)
-                silu_EFC = F.silu(g)
-                act_EFC = silu_EFC * u
-                gated_EFC = act_EFC * gate_E1C
-                acts = (silu_EFC, act_EFC)
-                y_ECD = torch.bmm(w2, gated_EFC).transpose(1, 2)
-                y_pad.index_add_(0, lv.tok_EC, y_ECD.reshape(-1, d))
+                if fused:  # silu(g) * u * gate in one pass; the backward recomputes silu from h
+                    gated_EFC = kernels().swiglu_gate_fwd(h_EFC, gate_E1C, _ALL_SLOTS)
+                    y_levels.append(torch.bmm(w2, gated_EFC))  # (E, D, C)
+                else:
+                    g, u = h_EFC.chunk(2, dim=1)
+                    silu_EFC = F.silu(g)
+                    act_EFC = silu_EFC * u
+                    gated_EFC = act_EFC * gate_E1C
+                    acts = (silu_EFC, act_EFC)
+                    y_ECD = torch.bmm(w2, gated_EFC).transpose(1, 2)
+                    y_pad.index_add_(0, lv.tok_EC, y_ECD.reshape(-1, d))
             sub = None if lv.experts is None else (w13, w2)  # gathered once, reused by the backward
             saved.append((x_ECD, h_EFC, gated_EFC, gate_E1C, acts, sub))
         ctx.plan, ctx.saved, ctx.fused = plan, saved, fused
@@ -454,17 +458,17 @@ class _GroupedSwiGLU(torch.autograd.Function):
         for lv, (x_ECD, h_EFC, gated_EFC, gate_E1C, acts, sub) in zip(ctx.plan.levels, ctx.saved):
             w13, w2 = sub or (w13_EFD, w2_EDF)
             e = w13.shape[0]
-            dy_ECD = _level_rows(dy_ND, None if fused else dy_pad, lv, e)
             n_E = lv.valid_E
             if n_E is not None:  # the five products and the activation's backward, expert by expert
                 d_x, d_w13, sq_w13, d_w2, sq_w2, d_gate_EC = kernels().expert_ffn_bwd(
-                    w13, w2, x_ECD, h_EFC, gated_EFC, gate_E1C.view(e, -1), dy_ECD, n_E
+                    w13, w2, x_ECD, lv.tok_EC, h_EFC, gated_EFC, gate_E1C.view(e, -1), dy_ND, n_E
                 )
                 dg_pad.index_add_(0, lv.pair_EC, d_gate_EC.view(-1))
                 if len(ctx.plan.levels) == 1 and lv.experts is None:  # these are the whole gradients
                     ops.record_grad_sumsq(w13_EFD, d_w13, sq_w13)
                     ops.record_grad_sumsq(w2_EDF, d_w2, sq_w2)
             else:
+                dy_ECD = _level_rows(dy_ND, None if fused else dy_pad, lv, e)
                 d_w2 = torch.bmm(dy_ECD.transpose(1, 2), gated_EFC.transpose(1, 2))
                 d_gated = torch.bmm(w2.transpose(1, 2), dy_ECD.transpose(1, 2))
                 if fused:

@@ -101,41 +101,59 @@ def test_expert_gemms_match_bmm(n_exp, d, f, cap, counts):
     ],
 )
 def test_whole_expert_passes_equal_the_separate_kernels(n_exp, d, f, cap, counts):
-    """expert_ffn_fwd = up, activation, down; expert_ffn_bwd = down_dx, the activation's backward,
-    down_dw, up_dw, up_dx: the same outputs bit for bit (pad slots included), the same sums of
-    squares and the same gate gradient."""
+    """expert_ffn_fwd = gather, up, activation, down; expert_ffn_bwd = gathers, down_dx, the
+    activation's backward, down_dw, up_dw, up_dx: the same outputs bit for bit (pad slots
+    included), the same sums of squares and the same gate gradient. Token rows are read in place
+    through the slot -> token index (in scrambled order, some tokens twice, pad slots pointing past
+    the rows as the dispatch leaves them)."""
     o = _operands(n_exp, d, f, cap, counts, seed=5)
     k, n = kernels(), torch.tensor(counts, dtype=torch.long)
-    gate = torch.rand(n_exp, cap, generator=torch.Generator().manual_seed(6)).to(bf16)
-    h = k.expert_up(o["w13"], o["x"], n)
+    gen = torch.Generator().manual_seed(6)
+    gate = torch.rand(n_exp, cap, generator=gen).to(bf16)
+    n_tok = max(sum(counts), 1) + 3
+    x_ND = torch.randn(n_tok, d, generator=gen).to(bf16)
+    dy_ND = torch.randn(n_tok, d, generator=gen).to(bf16)
+    tok = torch.full((n_exp, cap), n_tok, dtype=torch.long)  # pad slots: the zero row past the end
+    for e, c in enumerate(counts):
+        tok[e, :c] = torch.randint(0, n_tok, (c,), generator=gen)
+    tok = tok.view(-1)
+    x = torch.cat([x_ND, x_ND.new_zeros(1, d)])[tok].view(n_exp, cap, d)  # what gather_rows gives
+    dy = torch.cat([dy_ND, dy_ND.new_zeros(1, d)])[tok].view(n_exp, cap, d)
+
+    h = k.expert_up(o["w13"], x, n)
     g = k.swiglu_gate_fwd(h, gate.view(n_exp, 1, cap), n)
     want_fwd = (h, g, k.expert_down(o["w2"], g, n))
-    got_fwd = k.expert_ffn_fwd(o["w13"], o["w2"], o["x"], gate, n)
+    got_fwd = k.expert_ffn_fwd(o["w13"], o["w2"], x_ND, tok, gate, n)
     for name, a, b in zip(("h", "g", "y"), want_fwd, got_fwd):
         assert torch.equal(a, b), name
 
-    d_g = k.expert_down_dx(o["w2"], o["dy"], n)
+    d_g = k.expert_down_dx(o["w2"], dy, n)
     d_h, d_gate = k.swiglu_gate_bwd(d_g, h, gate.view(n_exp, 1, cap), n)
-    dw2, sq2 = k.expert_down_dw(o["dy"], g, n)
-    dw13, sq13 = k.expert_up_dw(d_h, o["x"], n)
+    dw2, sq2 = k.expert_down_dw(dy, g, n)
+    dw13, sq13 = k.expert_up_dw(d_h, x, n)
     want_bwd = (k.expert_up_dx(d_h, o["w13"], n), dw13, sq13, dw2, sq2, d_gate)
-    got_bwd = k.expert_ffn_bwd(o["w13"], o["w2"], o["x"], h, g, gate, o["dy"], n)
+    got_bwd = k.expert_ffn_bwd(o["w13"], o["w2"], x_ND, tok, h, g, gate, dy_ND, n)
     for name, a, b in zip(("dx", "dw13", "sq13", "dw2", "sq2", "d_gate"), want_bwd, got_bwd):
         assert torch.equal(a, b) if torch.is_tensor(a) else a == b, name
-    assert not got_bwd[5][[e for e, c in enumerate(counts) if c < cap]].isnan().any()
 
 
 @needs_expert_gemm
 def test_whole_expert_passes_reject_mismatched_operands():
     o = _operands(2, 32, 16, 8, [8, 3])
     n, gate = torch.tensor([8, 3]), torch.ones(2, 8, dtype=bf16)
-    with pytest.raises(RuntimeError, match="gate has 15 elements, expected 16"):
-        kernels().expert_ffn_fwd(o["w13"], o["w2"], o["x"], gate.view(-1)[:15], n)
+    x, tok = torch.randn(11, 32).to(bf16), torch.arange(16) % 11
+    with pytest.raises(RuntimeError, match="gate \\[2, 7\\] and token index of 16 slots"):
+        kernels().expert_ffn_fwd(o["w13"], o["w2"], x, tok, gate[:, :7].contiguous(), n)
     with pytest.raises(RuntimeError, match="expert_ffn_fwd: shapes"):
-        kernels().expert_ffn_fwd(o["w13"], o["w2"][:, :16].contiguous(), o["x"], gate, n)
-    h, g, _ = kernels().expert_ffn_fwd(o["w13"], o["w2"], o["x"], gate, n)
+        kernels().expert_ffn_fwd(o["w13"], o["w2"][:, :16].contiguous(), x, tok, gate, n)
+    bad = tok.clone()
+    bad[9] = 11  # a valid slot of expert 1 (3 valid) naming a row past x
+    with pytest.raises(RuntimeError, match="token index 11 outside \\[0, 11\\)"):
+        kernels().expert_ffn_fwd(o["w13"], o["w2"], x, bad, gate, n)
+    bad[9], bad[12] = 0, 11  # a pad slot may point anywhere: it is not read
+    h, g, _ = kernels().expert_ffn_fwd(o["w13"], o["w2"], x, bad, gate, n)
     with pytest.raises(RuntimeError, match="expert_ffn_bwd: shapes"):
-        kernels().expert_ffn_bwd(o["w13"], o["w2"], o["x"], h, g[:, :8].contiguous(), gate, o["dy"], n)
+        kernels().expert_ffn_bwd(o["w13"], o["w2"], x, tok, h, g[:, :8].contiguous(), gate, x, n)
 
 
 @needs_expert_gemm
