@@ -277,16 +277,21 @@ void pack_i(const Rows& src, int64_t kv, int64_t cols, uint32_t* out, int64_t wi
 // weight-gradient products, whose panels are 512 or 1024 dwords wide: up_dw +4-5 %, down_dw +1-3 %).
 inline int64_t lead(int64_t n) { return up16(n) / 16 % 2 ? up16(n) : up16(n) + 16; }
 
-// Runs fn(e, scratch) for every expert, experts handed out one at a time; scratch holds `words`
-// dwords per thread.
+// Runs fn(e, scratch) for every expert, experts handed out one at a time, the most loaded first
+// (nv: valid slots per expert), so that the last ones, which decide when the threads all finish,
+// are the shortest; scratch holds `words` dwords per thread. Each expert's outputs depend on its
+// own operands only, so the order changes no result.
 template <typename Fn>
-void for_experts(int64_t n_exp, int64_t words, const Fn& fn) {
+void for_experts(int64_t n_exp, const int64_t* nv, int64_t words, const Fn& fn) {
+  std::vector<int64_t> order(n_exp);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return nv[a] > nv[b]; });
   // Not zeroed: every packer writes all that the products then read (pads included).
   std::vector<std::unique_ptr<uint32_t[]>> scratch(at::get_num_threads());
-  parallel_dynamic(n_exp, [&](int64_t e) {
+  parallel_dynamic(n_exp, [&](int64_t i) {
     auto& buf = scratch[at::get_thread_num()];
     if (!buf) buf.reset(new uint32_t[static_cast<size_t>(words) + 16]);
-    fn(e, buf.get());
+    fn(order[i], buf.get());
   });
 }
 
@@ -460,7 +465,7 @@ torch::Tensor expert_up(torch::Tensor w13, torch::Tensor x, torch::Tensor n) {
   const uint16_t* W = ptr<uint16_t>(w13);
   const uint16_t* X = ptr<uint16_t>(x);
   uint16_t* H = ptr<uint16_t>(h);
-  for_experts(e_n, up_words(d, cap), [&](int64_t e, uint32_t* buf) {
+  for_experts(e_n, nv, up_words(d, cap), [&](int64_t e, uint32_t* buf) {
     up_one(W + e * f2 * d, {X + e * cap * d, d}, H + e * f2 * cap, nv[e], f2, d, cap, buf);
   });
   return h;
@@ -478,7 +483,7 @@ torch::Tensor expert_down(torch::Tensor w2, torch::Tensor g, torch::Tensor n) {
   const uint16_t* W = ptr<uint16_t>(w2);
   const uint16_t* G = ptr<uint16_t>(g);
   uint16_t* Y = ptr<uint16_t>(y);
-  for_experts(e_n, down_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
+  for_experts(e_n, nv, down_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
     down_one(W + e * d * f, G + e * f * cap, Y + e * cap * d, nv[e], d, f, cap, buf);
   });
   return y;
@@ -496,7 +501,7 @@ torch::Tensor expert_down_dx(torch::Tensor w2, torch::Tensor dy, torch::Tensor n
   const uint16_t* W = ptr<uint16_t>(w2);
   const uint16_t* DY = ptr<uint16_t>(dy);
   uint16_t* DG = ptr<uint16_t>(dg);
-  for_experts(e_n, down_dx_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
+  for_experts(e_n, nv, down_dx_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
     down_dx_one(W + e * d * f, {DY + e * cap * d, d}, DG + e * f * cap, nv[e], d, f, cap, buf);
   });
   return dg;
@@ -516,7 +521,7 @@ std::tuple<torch::Tensor, double> expert_down_dw(torch::Tensor dy, torch::Tensor
   const uint16_t* G = ptr<uint16_t>(g);
   uint16_t* O = ptr<uint16_t>(dw);
   std::vector<double> sq(e_n, 0.0);
-  for_experts(e_n, slots_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
+  for_experts(e_n, nv, slots_words(d, f, cap), [&](int64_t e, uint32_t* buf) {
     down_dw_one({DY + e * cap * d, d}, G + e * f * cap, O + e * d * f, nv[e], d, f, cap, &sq[e], buf);
   });
   return {dw, ordered(sq)};
@@ -534,7 +539,7 @@ torch::Tensor expert_up_dx(torch::Tensor dh, torch::Tensor w13, torch::Tensor n)
   const uint16_t* DH = ptr<uint16_t>(dh);
   const uint16_t* W = ptr<uint16_t>(w13);
   uint16_t* DX = ptr<uint16_t>(dx);
-  for_experts(e_n, up_dx_words(f2, d, cap), [&](int64_t e, uint32_t* buf) {
+  for_experts(e_n, nv, up_dx_words(f2, d, cap), [&](int64_t e, uint32_t* buf) {
     up_dx_one(DH + e * f2 * cap, W + e * f2 * d, DX + e * cap * d, nv[e], f2, d, cap, buf);
   });
   return dx;
@@ -554,7 +559,7 @@ std::tuple<torch::Tensor, double> expert_up_dw(torch::Tensor dh, torch::Tensor x
   const uint16_t* X = ptr<uint16_t>(x);
   uint16_t* O = ptr<uint16_t>(dw);
   std::vector<double> sq(e_n, 0.0);
-  for_experts(e_n, slots_words(f2, d, cap), [&](int64_t e, uint32_t* buf) {
+  for_experts(e_n, nv, slots_words(f2, d, cap), [&](int64_t e, uint32_t* buf) {
     up_dw_one(DH + e * f2 * cap, {X + e * cap * d, d}, O + e * f2 * d, nv[e], f2, d, cap, &sq[e], buf);
   });
   return {dw, ordered(sq)};
@@ -579,7 +584,7 @@ std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, t
   const int64_t* T = tok.data_ptr<int64_t>();
   uint16_t *H = ptr<uint16_t>(h), *G = ptr<uint16_t>(g), *Y = ptr<uint16_t>(y);
   int64_t words = std::max(up_words(d, cap), down_words(d, f, cap));
-  for_experts(e_n, words, [&](int64_t e, uint32_t* buf) {
+  for_experts(e_n, nv, words, [&](int64_t e, uint32_t* buf) {
     int64_t ne = nv[e];
     up_one(W13 + e * f2 * d, {X, d, T + e * cap}, H + e * f2 * cap, ne, f2, d, cap, buf);
     swiglu_fwd_expert(H + e * f2 * cap, GT + e * cap, G + e * f * cap, f, cap, ne);
@@ -618,7 +623,7 @@ std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::T
   int64_t held = up16((3 * f * cap + 1) / 2);  // dg (F, cap) and dh (2F, cap), bf16
   int64_t work = std::max({down_dx_words(d, f, cap), slots_words(d, f, cap), slots_words(f2, d, cap),
                            up_dx_words(f2, d, cap)});
-  for_experts(e_n, held + work, [&](int64_t e, uint32_t* buf) {
+  for_experts(e_n, nv, held + work, [&](int64_t e, uint32_t* buf) {
     int64_t ne = nv[e];
     uint16_t* dge = reinterpret_cast<uint16_t*>(buf);
     uint16_t* dhe = dge + f * cap;
