@@ -26,6 +26,12 @@
 //   down_dw  dw2 (E, D, F) = dy^T @ g^T               (sum over the n valid slots)
 //   up_dx    dx (E, C, D)  = dh^T @ w13               dh (E, 2F, C)
 //   up_dw    dw13 (E, 2F, D) = dh @ x                 (sum over the n valid slots)
+//
+// The MoE layer runs them as two whole-expert passes (expert_ffn_fwd: up, the gated activation,
+// down; expert_ffn_bwd: down_dx, the activation's backward, down_dw, up_dw, up_dx), each expert
+// end to end on one thread while its operands are in L2, its token rows read in place from the
+// (N, D) activations through the level's slot -> token index. The single products remain as the
+// building blocks, the parity references and `ernie5 bench moe`'s GEMM-only timing.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
