@@ -9,9 +9,9 @@ MoE router (fp32 logits from bf16 without fp32 copies; scores, biased top-k, gat
 dispatch into padded levels, the gather of token rows into them and the combine back, the six
 batched expert GEMMs without their padding (``cpu_expert_gemm.cpp``, bf16 with AVX512-BF16; the
 MoE layer runs them, with the gated activation, as one forward and one backward pass over whole
-experts), the gated SwiGLU activation of the batched experts, the cross-entropy rows of the output head (log-sum-exp,
-NLL and the logit gradient in place), each with its backward where it has one, and the mixed-
-precision AdamW step (``train.precision``).
+experts), the gated SwiGLU activation of the batched experts, the cross-entropy rows of the
+output head (log-sum-exp, NLL and the logit gradient in place), each with its backward where it
+has one, and the mixed-precision AdamW step (``train.precision``).
 Measured here at the nano shape in bf16 (forward + backward): RMSNorm over ``(8, 256, 256)`` 1.6
 -> 0.3 ms, the attention prologue 3.7 -> 1.0 ms, the MoE activation ~2.7 -> 1.1 ms per layer, the
 MoE gathers and combines 1.1 -> 0.4 ms per layer, the cross-entropy rows of ``(2048, 4096)``

@@ -391,8 +391,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
     expert whole (its token rows read in place through ``tok_EC``, no gathered copy; up product,
     activation, down product, skipping pad slots) while its rows are in L2, and its backward
     another (five products and the activation's backward; ``d_h`` never leaves the thread's
-    scratch): ``cpu_expert_gemm.cpp``. The eager lines are the fallback and
-    the parity reference.
+    scratch): ``cpu_expert_gemm.cpp``. The eager lines are the fallback and the parity reference.
     """
 
     @staticmethod
