@@ -245,9 +245,9 @@ void pack_t(const Rows& src, int64_t rows, int64_t kv, uint32_t* out, int64_t wi
 }
 
 // out[k][j] = (src_2k[j], src_2k+1[j]) for j < cols (zero for cols <= j < width); rows at or
-// past kv are zero. The rows kPackAhead pairs ahead are fetched
-// as it goes: packing an expert's weight for the input-gradient products read memory that the
-// hardware prefetcher left cold (the weights of a layer are read once per pass), and stalled on it.
+// past kv are zero. The rows kPackAhead pairs ahead are fetched as it goes: packing an expert's
+// weight for the input-gradient products read memory that the hardware prefetcher left cold (the
+// weights of a layer are read once per pass), and stalled on it.
 // Alternating with the other product so that weights are cold, as in training: up_dx 409-424 ->
 // 518-540 GFLOP/s, down_dx 321-369 -> 379-392 (gamma loads of mean 64, cap 112).
 constexpr int64_t kPackAhead = 8;
