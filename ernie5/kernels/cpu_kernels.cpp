@@ -738,11 +738,11 @@ torch::Tensor route_topk_bwd(torch::Tensor logits, torch::Tensor mask, torch::Te
         // softmax denominator cancels), and c = sum_a raw_a draw_a is zero up to rounding: only
         // the selected entries are written, which keeps the gradient exactly k-sparse for
         // router_logits_bwd's sparse pass.
-        float c = 0.f;
-        if (!norm)
+        if (!norm) {
+          float c = 0.f;
           for (int64_t a = 0; a < k; ++a) c += raw[a] * draw[a];
-        if (c != 0.f)
           for (int64_t j = 0; j < e; ++j) o[j] = -p[j] * c;
+        }
         for (int64_t a = 0; a < k; ++a) o[id[r * k + a]] += raw[a] * draw[a];
       }
     }
@@ -1008,18 +1008,42 @@ void router_fwd_rows(const T* x, const float* wt, float* out, int64_t d, int64_t
     for (int j = 0; j < NE; ++j) _mm512_storeu_ps(out + r * e + 16 * j, acc[r][j]);
 }
 
-template <typename T, int NE>
-void router_fwd_impl(const T* x, const float* wt, float* out, int64_t n, int64_t d, int64_t e) {
-  constexpr int R = NE <= 4 ? 4 : 2;
+// fn(r0, rows) over the n rows in blocks of R, rows a std::integral_constant (R, or 1 for the last
+// rows one at a time), the blocks split among the threads.
+template <int R, typename Fn>
+void in_row_blocks(int64_t n, const Fn& fn) {
   at::parallel_for(0, (n + R - 1) / R, 16, [&](int64_t b0, int64_t b1) {
-    std::vector<float> xf(R * d);
     for (int64_t b = b0; b < b1; ++b) {
       int64_t r0 = b * R;
       if (r0 + R <= n)
-        router_fwd_rows<T, NE, R>(x + r0 * d, wt, out + r0 * e, d, e, xf.data());
+        fn(r0, std::integral_constant<int, R>{});
       else
-        for (int64_t r = r0; r < n; ++r) router_fwd_rows<T, NE, 1>(x + r * d, wt, out + r * e, d, e, xf.data());
+        for (int64_t r = r0; r < n; ++r) fn(r, std::integral_constant<int, 1>{});
     }
+  });
+}
+
+// f(std::integral_constant<int, E / 16>{}) for E a multiple of 16 up to 128 (router_shape_ok).
+template <typename F>
+void with_expert_vectors(int64_t e, F&& f) {
+  switch (e / 16) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{});
+  }
+}
+
+template <typename T, int NE>
+void router_fwd_impl(const T* x, const float* wt, float* out, int64_t n, int64_t d, int64_t e) {
+  constexpr int R = NE <= 4 ? 4 : 2;
+  std::vector<std::vector<float>> xf(at::get_num_threads(), std::vector<float>(R * d));
+  in_row_blocks<R>(n, [&](int64_t r0, auto rows) {
+    router_fwd_rows<T, NE, decltype(rows)::value>(x + r0 * d, wt, out + r0 * e, d, e, xf[at::get_thread_num()].data());
   });
 }
 
@@ -1053,14 +1077,8 @@ void router_fwd_bf16_impl(const uint16_t* x, const uint16_t* w, float* out, int6
     for (int64_t k = 0; k < d2; ++k)
       wp[k * e + j] = static_cast<uint32_t>(w[j * d + 2 * k]) | (static_cast<uint32_t>(w[j * d + 2 * k + 1]) << 16);
   const uint32_t* x32 = reinterpret_cast<const uint32_t*>(x);
-  at::parallel_for(0, (n + R - 1) / R, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      int64_t r0 = b * R;
-      if (r0 + R <= n)
-        router_fwd_rows_bf16<NE, R>(x32 + r0 * d2, wp.data(), out + r0 * e, d2, e);
-      else
-        for (int64_t r = r0; r < n; ++r) router_fwd_rows_bf16<NE, 1>(x32 + r * d2, wp.data(), out + r * e, d2, e);
-    }
+  in_row_blocks<R>(n, [&](int64_t r0, auto rows) {
+    router_fwd_rows_bf16<NE, decltype(rows)::value>(x32 + r0 * d2, wp.data(), out + r0 * e, d2, e);
   });
 }
 #endif
@@ -1185,33 +1203,18 @@ torch::Tensor router_logits_fwd(torch::Tensor x, torch::Tensor w) {
 #if defined(__AVX512BF16__)
   if (dt == torch::kBFloat16) {
     const uint16_t *xp = ptr<uint16_t>(x), *wp = ptr<uint16_t>(w);
-    float* op = ptr<float>(out);
-    switch (e / 16) {
-      case 1: router_fwd_bf16_impl<1>(xp, wp, op, n, d, e); break;
-      case 2: router_fwd_bf16_impl<2>(xp, wp, op, n, d, e); break;
-      case 3: router_fwd_bf16_impl<3>(xp, wp, op, n, d, e); break;
-      case 4: router_fwd_bf16_impl<4>(xp, wp, op, n, d, e); break;
-      case 5: router_fwd_bf16_impl<5>(xp, wp, op, n, d, e); break;
-      case 6: router_fwd_bf16_impl<6>(xp, wp, op, n, d, e); break;
-      case 7: router_fwd_bf16_impl<7>(xp, wp, op, n, d, e); break;
-      default: router_fwd_bf16_impl<8>(xp, wp, op, n, d, e);
-    }
+    with_expert_vectors(e, [&](auto ne) {
+      router_fwd_bf16_impl<decltype(ne)::value>(xp, wp, ptr<float>(out), n, d, e);
+    });
     return out;
   }
 #endif
   auto wt = w.to(torch::kFloat).t().contiguous();  // (D, E)
   auto run = [&](auto* xp) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
-    switch (e / 16) {
-      case 1: router_fwd_impl<T, 1>(xp, ptr<float>(wt), ptr<float>(out), n, d, e); break;
-      case 2: router_fwd_impl<T, 2>(xp, ptr<float>(wt), ptr<float>(out), n, d, e); break;
-      case 3: router_fwd_impl<T, 3>(xp, ptr<float>(wt), ptr<float>(out), n, d, e); break;
-      case 4: router_fwd_impl<T, 4>(xp, ptr<float>(wt), ptr<float>(out), n, d, e); break;
-      case 5: router_fwd_impl<T, 5>(xp, ptr<float>(wt), ptr<float>(out), n, d, e); break;
-      case 6: router_fwd_impl<T, 6>(xp, ptr<float>(wt), ptr<float>(out), n, d, e); break;
-      case 7: router_fwd_impl<T, 7>(xp, ptr<float>(wt), ptr<float>(out), n, d, e); break;
-      default: router_fwd_impl<T, 8>(xp, ptr<float>(wt), ptr<float>(out), n, d, e);
-    }
+    with_expert_vectors(e, [&](auto ne) {
+      router_fwd_impl<T, decltype(ne)::value>(xp, ptr<float>(wt), ptr<float>(out), n, d, e);
+    });
   };
   if (dt == torch::kBFloat16)
     run(ptr<uint16_t>(x));
