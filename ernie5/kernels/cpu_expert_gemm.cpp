@@ -68,7 +68,10 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
                   uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf) {
   // Every loop over r and j is unrolled whole (R <= 16, Z <= 4), so acc stays in registers: with
   // `unroll 8`, the 12- and 16-row tiles of 2- and 1-vector chunks kept acc in memory, and an
-  // expert of 17-32 tokens took 1.7x as long in the forward as one of 48.
+  // expert of 17-32 tokens took 1.7x as long in the forward as one of 48. The stores at the end
+  // too: left rolled, they made GCC keep a stack copy of acc (zeroed before the k loop, written
+  // after it), which cost the weight-gradient products, whose k loop is short (ne / 2 pairs),
+  // 12 % on a Zen 4.
   __m512 acc[R][Z];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -87,14 +90,18 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
     }
   }
   if (cf) {
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
       for (int j = 0; j < Z; ++j) _mm512_storeu_ps(cf + r * ldc + 16 * j, acc[r][j]);
     return;
   }
   // With sumsq, also the squares of the rounded outputs (lanes past the tail are zero: B is
   // zero-padded), in fp32 for the tile.
   __m512 sq = _mm512_setzero_ps();
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int j = 0; j < Z; ++j) {
       __m256i o = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
       __mmask16 m = j == Z - 1 ? tail : static_cast<__mmask16>(0xFFFF);
