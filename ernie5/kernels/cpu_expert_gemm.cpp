@@ -62,10 +62,16 @@ inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo
 // C[r, 16 j + l] = sum_k A(r, k) . B[k][16 j + l] for r < R, j < Z; A(r, k) at a + r * ars + k * aks.
 // The last vector stores only the lanes in `tail` (a row may end inside it). With `cf`, the sums go
 // unrounded to the fp32 rows at cf (stride ldc) instead, whole vectors (lanes past the tail: zeros,
-// as B is zero-padded).
+// as B is zero-padded). With `pf` (the next tile's A rows, ars apart, when A is a weight read in
+// memory order), one of their cache lines is fetched into L1 per step of k, until all R rows are:
+// spread out, the fetches never fill the core's miss buffers. (Issued all at once before the tile,
+// 48 lines for the up product, the prefetch instructions stalled on them: 8 % of the product's
+// time on a Zen 4. Spreading them made up and down 11-15 % faster there.)
 template <int R, int Z>
 inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
-                  uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf) {
+                  uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf,
+                  const uint32_t* pf = nullptr) {
+  const int64_t pf_n = pf ? R * ((k2 + 15) / 16) : 0;
   // Every loop over r and j is unrolled whole (R <= 16, Z <= 4), so acc stays in registers: with
   // `unroll 8`, the 12- and 16-row tiles of 2- and 1-vector chunks kept acc in memory, and an
   // expert of 17-32 tokens took 1.7x as long in the forward as one of 48. The stores at the end
@@ -78,6 +84,7 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
 #pragma GCC unroll 4
     for (int j = 0; j < Z; ++j) acc[r][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < k2; ++k) {
+    if (k < pf_n) _mm_prefetch(reinterpret_cast<const char*>(pf + (k % R) * ars + (k / R) * 16), _MM_HINT_T0);
     __m512bh bv[Z];
 #pragma GCC unroll 4
     for (int j = 0; j < Z; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + k * ldb + 16 * j);
@@ -135,10 +142,9 @@ void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const ui
   constexpr int MRZ = Z == 4 ? 6 : Z == 3 ? 8 : Z == 2 ? 12 : 16;
   int64_t r = 0;
   for (; r + MRZ <= m; r += MRZ) {
-    if (aks == 1 && r + 2 * MRZ <= m)  // A rows in memory order (a weight): fetch the next tile's rows
-      for (int i = 0; i < MRZ; ++i)
-        for (int64_t l = 0; l < k2; l += 16) _mm_prefetch(reinterpret_cast<const char*>(a + (r + MRZ + i) * ars + l), _MM_HINT_T0);
-    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r));
+    // A rows in memory order (a weight): fetch the next tile's rows as this one runs
+    const uint32_t* pf = aks == 1 && r + 2 * MRZ <= m ? a + (r + MRZ) * ars : nullptr;
+    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r), pf);
   }
   tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r));
 }
@@ -256,7 +262,9 @@ void pack_t(const Rows& src, int64_t rows, int64_t kv, uint32_t* out, int64_t wi
 // weight for the input-gradient products read memory that the hardware prefetcher left cold (the
 // weights of a layer are read once per pass), and stalled on it.
 // Alternating with the other product so that weights are cold, as in training: up_dx 409-424 ->
-// 518-540 GFLOP/s, down_dx 321-369 -> 379-392 (gamma loads of mean 64, cap 112).
+// 518-540 GFLOP/s, down_dx 321-369 -> 379-392 (gamma loads of mean 64, cap 112; Zen 5). They go
+// to L2 (T1), not L1: 16 lines per pair of rows, fetched into L1, filled its miss buffers and
+// stalled the packing on a Zen 4 (up_dx 6 %, down_dx 2-5 % faster with T1 there).
 constexpr int64_t kPackAhead = 8;
 void pack_i(const Rows& src, int64_t kv, int64_t cols, uint32_t* out, int64_t width) {
   int64_t k2 = (kv + 1) / 2;
@@ -269,8 +277,8 @@ void pack_i(const Rows& src, int64_t kv, int64_t cols, uint32_t* out, int64_t wi
     if (2 * (k + kPackAhead) + 1 < kv) {  // the row pair kPackAhead pairs ahead (see above)
       const uint16_t *p0 = src(2 * (k + kPackAhead)), *p1 = src(2 * (k + kPackAhead) + 1);
       for (int64_t j = 0; j < cols; j += 32) {
-        _mm_prefetch(reinterpret_cast<const char*>(p0 + j), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p1 + j), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p0 + j), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p1 + j), _MM_HINT_T1);
       }
     }
     int64_t j = 0;
