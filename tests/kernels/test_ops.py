@@ -225,12 +225,13 @@ def test_build_failure_falls_back_to_eager(monkeypatch):
 @pytest.mark.parametrize(
     ("masked", "norm", "scale"), [(False, True, 1.0), (True, True, 2.5), (True, False, 1.0)]
 )
-def test_route_topk_matches_eager(monkeypatch, score_func, masked, norm, scale):
+@pytest.mark.parametrize("e", [12, 64])  # 64: whole 16-lane rows, the kernel's vector argmax
+def test_route_topk_matches_eager(monkeypatch, score_func, masked, norm, scale, e):
     from ernie5.model.config import MoEConfig
     from ernie5.model.moe import route
 
     torch.manual_seed(0)
-    n, d, e, k = 50, 16, 12, 3
+    n, d, k = 50, 16, 3
     cfg = MoEConfig(
         n_experts=e, d_expert=8, top_k=k, score_func=score_func, norm_topk=norm, route_scale=scale
     )
@@ -256,6 +257,24 @@ def test_route_topk_matches_eager(monkeypatch, score_func, masked, norm, scale):
         assert mask[fused[0]].all()
     for a, b in zip(fused[1:2] + fused[3:], eager[1:2] + eager[3:]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("e", [12, 32])
+def test_route_topk_takes_the_lowest_index_among_ties(e):
+    """Equal selection scores go to the lowest expert index, in the scalar (e = 12) and the vector
+    (e = 32) argmax alike; a row of NaN logits (a diverged model) still yields ids in range."""
+    logits = torch.zeros(4, e)
+    logits[1, [5, e - 1]] = 1.0  # two maxima: 5 first, then e - 1
+    logits[2, -3:] = 2.0  # the maxima at the end
+    logits[3] = float("nan")
+    none = torch.empty(0, dtype=torch.bool)
+    ids, _, counts = kernels().route_topk_fwd(logits, torch.zeros(e), none, 2, False, True, 1.0)
+    assert ids[0].tolist() == [0, 1]
+    assert ids[1].tolist() == [5, e - 1]
+    assert ids[2].tolist() == [e - 3, e - 2]
+    assert all(0 <= i < e for i in ids[3].tolist())
+    assert int(counts.sum()) == 8
 
 
 @needs_kernels
