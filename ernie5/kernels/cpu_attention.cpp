@@ -78,26 +78,6 @@ inline void amx_release() {}
 
 constexpr int QB = 16;  // query rows per block (== key block width)
 
-// Cephes-style expf: range reduction by ln2 (hi/lo), degree-6 polynomial, scalef. ~1-2 ulp.
-inline __m512 exp512(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-103.9f), hi = _mm512_set1_ps(88.72f);
-  __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);  // includes -inf
-  x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-  __m512 r2 = _mm512_mul_ps(r, r);
-  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
-  y = _mm512_scalef_ps(y, n);
-  return _mm512_maskz_mov_ps(__mmask16(~under), y);
-}
 
 // Pair-interleaved bf16 layout (dpbf16 / AMX "VNNI" B operand):
 // [Spad/16 key blocks][PP pairs][16 keys] uint32 (lo = elem 2p, hi = elem 2p+1); pairs >= D/2 and keys >= S are 0.
