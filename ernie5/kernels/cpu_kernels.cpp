@@ -882,6 +882,33 @@ void combine_impl(const std::vector<const T*>& lv, const std::vector<int64_t>& r
                   bool transposed, const int64_t* slot, T* y, int64_t n, int64_t a, int64_t d, int64_t total) {
   std::vector<int64_t> offs(lv.size() + 1, 0);  // first slot of each level
   for (size_t l = 0; l < lv.size(); ++l) offs[l + 1] = offs[l] + rows[l] * caps[l];
+#if defined(__AVX512F__)
+  // Token rows in bf16: 16 lanes at a time, the same sums in the same order (0 + row 0 + row 1 ...),
+  // rounded as from_f. GCC's vectorisation of the loops below (a zero fill, an add pass per row
+  // and from_f per output) took 0.21 ms per call inside the nano MoE layer (2048 tokens x 2 pairs
+  // x 256); this, 0.16 (Zen 4; isolated, rows in cache: 0.097 -> 0.063 ms).
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (!transposed && d % 16 == 0) {
+      at::parallel_for(0, n, 16, [&](int64_t b, int64_t end) {
+        std::vector<const T*> src(a);
+        for (int64_t t = b; t < end; ++t) {
+          for (int64_t j = 0; j < a; ++j) {
+            int64_t s = slot[t * a + j];
+            TORCH_CHECK(s >= 0 && s < total, "combine_rows: slot ", s, " outside [0, ", total, ")");
+            size_t l = std::upper_bound(offs.begin(), offs.end(), s) - offs.begin() - 1;
+            src[j] = lv[l] + (s - offs[l]) * d;
+          }
+          for (int64_t i = 0; i < d; i += 16) {
+            __m512 v = _mm512_setzero_ps();
+            for (int64_t j = 0; j < a; ++j) v = _mm512_add_ps(v, load16(src[j] + i));
+            store16(y + t * d + i, v);
+          }
+        }
+      });
+      return;
+    }
+  }
+#endif
   at::parallel_for(0, n, 16, [&](int64_t b, int64_t end) {
     std::vector<float> acc(d);
     for (int64_t t = b; t < end; ++t) {
