@@ -43,6 +43,7 @@
 #include <memory>
 #include <numeric>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -67,10 +68,15 @@ inline uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo
 // spread out, the fetches never fill the core's miss buffers. (Issued all at once before the tile,
 // 48 lines for the up product, the prefetch instructions stalled on them: 8 % of the product's
 // time on a Zen 4. Spreading them made up and down 11-15 % faster there.)
-template <int R, int Z>
+// With H (a tail of at most 8 lanes), the last vector is a 256-bit one: the same sums in its lanes
+// (bit for bit), at half the cost where 512-bit instructions run as two halves (Zen 4), so that an
+// expert of 65-72 tokens pays for 4.5 vectors of columns rather than 5 (cf: only its 8 lanes are
+// written).
+template <int R, int Z, bool H = false>
 inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
                   uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf,
                   const uint32_t* pf = nullptr) {
+  constexpr int ZF = H ? Z - 1 : Z;  // whole 512-bit vectors
   const int64_t pf_n = pf ? R * ((k2 + 15) / 16) : 0;
   // Every loop over r and j is unrolled whole (R <= 16, Z <= 4), so acc stays in registers: with
   // `unroll 8`, the 12- and 16-row tiles of 2- and 1-vector chunks kept acc in memory, and an
@@ -79,39 +85,47 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
   // after it), which cost the weight-gradient products, whose k loop is short (ne / 2 pairs),
   // 12 % on a Zen 4.
   __m512 acc[R][Z];
+  __m256 acch[R];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int j = 0; j < Z; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < ZF; ++j) acc[r][j] = _mm512_setzero_ps();
+    if constexpr (H) acch[r] = _mm256_setzero_ps();
+  }
   for (int64_t k = 0; k < k2; ++k) {
     if (k < pf_n) _mm_prefetch(reinterpret_cast<const char*>(pf + (k % R) * ars + (k / R) * 16), _MM_HINT_T0);
     __m512bh bv[Z];
 #pragma GCC unroll 4
-    for (int j = 0; j < Z; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + k * ldb + 16 * j);
+    for (int j = 0; j < ZF; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + k * ldb + 16 * j);
+    __m256bh bh;
+    if constexpr (H) bh = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + k * ldb + 16 * ZF));
     const uint32_t* ak = a + k * aks;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ak[r * ars]));
 #pragma GCC unroll 4
-      for (int j = 0; j < Z; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+      for (int j = 0; j < ZF; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+      if constexpr (H) acch[r] = _mm256_dpbf16_ps(acch[r], (__m256bh)_mm512_castsi512_si256((__m512i)av), bh);
     }
   }
   if (cf) {
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-      for (int j = 0; j < Z; ++j) _mm512_storeu_ps(cf + r * ldc + 16 * j, acc[r][j]);
+      for (int j = 0; j < ZF; ++j) _mm512_storeu_ps(cf + r * ldc + 16 * j, acc[r][j]);
+      if constexpr (H) _mm256_storeu_ps(cf + r * ldc + 16 * ZF, acch[r]);
+    }
     return;
   }
   // With sumsq, also the squares of the rounded outputs (lanes past the tail are zero: B is
   // zero-padded), in fp32 for the tile.
   __m512 sq = _mm512_setzero_ps();
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int j = 0; j < Z; ++j) {
+    for (int j = 0; j < ZF; ++j) {
       __m256i o = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
-      __mmask16 m = j == Z - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+      __mmask16 m = !H && j == Z - 1 ? tail : static_cast<__mmask16>(0xFFFF);
       if (stream && m == 0xFFFF)
         _mm256_stream_si256(reinterpret_cast<__m256i*>(c + r * ldc + 16 * j), o);
       else
@@ -121,21 +135,30 @@ inline void micro(const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b
         sq = _mm512_fmadd_ps(back, back, sq);
       }
     }
+    if constexpr (H) {
+      __m128i o = (__m128i)_mm256_cvtneps_pbh(acch[r]);
+      _mm_mask_storeu_epi16(c + r * ldc + 16 * ZF, static_cast<__mmask8>(tail), o);
+      if (sumsq) {  // the upper 8 lanes add zeros, as the 512-bit tail's would
+        __m256 back = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(o), 16));
+        sq = _mm512_fmadd_ps(_mm512_zextps256_ps512(back), _mm512_zextps256_ps512(back), sq);
+      }
+    }
+  }
   if (sumsq) *sumsq += static_cast<double>(_mm512_reduce_add_ps(sq));
 }
 
 // Rows of a z-vector column chunk in tiles of MRZ rows (24 fp32 accumulators for z = 2, 3, 4),
 // the last partial tile by a smaller instantiation.
-template <int Z, int R>
+template <int Z, bool H, int R>
 inline void tail_rows(int64_t rem, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb,
                       int64_t k2, uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf) {
   if constexpr (R > 0) {
-    if (rem == R) micro<R, Z>(a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq, cf);
-    else tail_rows<Z, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq, cf);
+    if (rem == R) micro<R, Z, H>(a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq, cf);
+    else tail_rows<Z, H, R - 1>(rem, a, ars, aks, b, ldb, k2, c, ldc, tail, stream, sumsq, cf);
   }
 }
 
-template <int Z>
+template <int Z, bool H>
 void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const uint32_t* b, int64_t ldb, int64_t k2,
                 uint16_t* c, int64_t ldc, __mmask16 tail, bool stream, double* sumsq, float* cf) {
   auto cr = [&](int64_t r) { return cf ? cf + r * ldc : nullptr; };
@@ -144,9 +167,9 @@ void chunk_rows(int64_t m, const uint32_t* a, int64_t ars, int64_t aks, const ui
   for (; r + MRZ <= m; r += MRZ) {
     // A rows in memory order (a weight): fetch the next tile's rows as this one runs
     const uint32_t* pf = aks == 1 && r + 2 * MRZ <= m ? a + (r + MRZ) * ars : nullptr;
-    micro<MRZ, Z>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r), pf);
+    micro<MRZ, Z, H>(a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r), pf);
   }
-  tail_rows<Z, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r));
+  tail_rows<Z, H, MRZ - 1>(m - r, a + r * ars, ars, aks, b, ldb, k2, c + r * ldc, ldc, tail, stream, sumsq, cr(r));
 }
 
 // C (m x n, row stride ldc, bf16) = A (m x 2 k2) . B (2 k2 x n16 packed as [k2][ldb] dwords), n <= n16.
@@ -177,10 +200,18 @@ void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int6
     int64_t last = w - 16 * (z - 1);
     __mmask16 tail = static_cast<__mmask16>(last == 16 ? 0xFFFF : (1u << last) - 1);
     float* cfn = cf ? cf + n0 : nullptr;
-    if (z == 4) chunk_rows<4>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq, cfn);
-    else if (z == 3) chunk_rows<3>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq, cfn);
-    else if (z == 2) chunk_rows<2>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq, cfn);
-    else chunk_rows<1>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream, sumsq, cfn);
+    auto run = [&](auto zc, auto hc) {
+      chunk_rows<decltype(zc)::value, decltype(hc)::value>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream,
+                                                           sumsq, cfn);
+    };
+    auto with_tail = [&](auto zc) {  // a last vector of at most 8 lanes: the 256-bit tail
+      if (last <= 8) run(zc, std::true_type{});
+      else run(zc, std::false_type{});
+    };
+    if (z == 4) with_tail(std::integral_constant<int, 4>{});
+    else if (z == 3) with_tail(std::integral_constant<int, 3>{});
+    else if (z == 2) with_tail(std::integral_constant<int, 2>{});
+    else with_tail(std::integral_constant<int, 1>{});
     n0 += 16 * z;
     v -= z;
   }
