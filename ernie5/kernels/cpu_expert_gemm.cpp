@@ -198,7 +198,7 @@ void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int6
     int z = v <= 4 ? static_cast<int>(v) : (v == 5 || v == 6 || v % 4 == 1) ? 3 : 4;
     int64_t w = std::min<int64_t>(16 * z, n - n0);
     int64_t last = w - 16 * (z - 1);
-    __mmask16 tail = static_cast<__mmask16>(last == 16 ? 0xFFFF : (1u << last) - 1);
+    __mmask16 tail = lanes(last);
     float* cfn = cf ? cf + n0 : nullptr;
     auto run = [&](auto zc, auto hc) {
       chunk_rows<decltype(zc)::value, decltype(hc)::value>(m, a, ars, aks, b + n0, ldb, k2, c + n0, ldc, tail, stream,

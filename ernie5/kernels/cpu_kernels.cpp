@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -882,6 +883,13 @@ void combine_impl(const std::vector<const T*>& lv, const std::vector<int64_t>& r
                   bool transposed, const int64_t* slot, T* y, int64_t n, int64_t a, int64_t d, int64_t total) {
   std::vector<int64_t> offs(lv.size() + 1, 0);  // first slot of each level
   for (size_t l = 0; l < lv.size(); ++l) offs[l + 1] = offs[l] + rows[l] * caps[l];
+  // The level of pair j of token t and the slot's index within it.
+  auto locate = [&](int64_t t, int64_t j) -> std::pair<size_t, int64_t> {
+    int64_t s = slot[t * a + j];
+    TORCH_CHECK(s >= 0 && s < total, "combine_rows: slot ", s, " outside [0, ", total, ")");
+    size_t l = std::upper_bound(offs.begin(), offs.end(), s) - offs.begin() - 1;
+    return {l, s - offs[l]};
+  };
 #if defined(__AVX512F__)
   // Token rows in bf16: 16 lanes at a time, the same sums in the same order (0 + row 0 + row 1 ...),
   // rounded as from_f. GCC's vectorisation of the loops below (a zero fill, an add pass per row
@@ -893,10 +901,8 @@ void combine_impl(const std::vector<const T*>& lv, const std::vector<int64_t>& r
         std::vector<const T*> src(a);
         for (int64_t t = b; t < end; ++t) {
           for (int64_t j = 0; j < a; ++j) {
-            int64_t s = slot[t * a + j];
-            TORCH_CHECK(s >= 0 && s < total, "combine_rows: slot ", s, " outside [0, ", total, ")");
-            size_t l = std::upper_bound(offs.begin(), offs.end(), s) - offs.begin() - 1;
-            src[j] = lv[l] + (s - offs[l]) * d;
+            auto [l, local] = locate(t, j);
+            src[j] = lv[l] + local * d;
           }
           for (int64_t i = 0; i < d; i += 16) {
             __m512 v = _mm512_setzero_ps();
@@ -914,10 +920,7 @@ void combine_impl(const std::vector<const T*>& lv, const std::vector<int64_t>& r
     for (int64_t t = b; t < end; ++t) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < a; ++j) {
-        int64_t s = slot[t * a + j];
-        TORCH_CHECK(s >= 0 && s < total, "combine_rows: slot ", s, " outside [0, ", total, ")");
-        size_t l = std::upper_bound(offs.begin(), offs.end(), s) - offs.begin() - 1;
-        int64_t local = s - offs[l];
+        auto [l, local] = locate(t, j);
         if (transposed) {  // (R, D, C): the row is column c of expert r's block
           const T* col = lv[l] + (local / caps[l]) * d * caps[l] + local % caps[l];
           int64_t stride = caps[l];
