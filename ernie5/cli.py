@@ -194,14 +194,22 @@ def cmd_bench(args) -> int:
             raise CLIError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
     if args.grad_accum != 1 and args.what != "train":
         raise CLIError(f"--grad-accum applies to `bench train`, not `bench {args.what}`")
+    from ernie5.bench.timing import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if device.type != "cpu" and args.what == "train":
+        raise CLIError(f"--device {args.device!r}: `bench train` measures CPU MFU and runs on cpu only")
     if args.what == "moe":
         from ernie5.bench.moe import bench_moe
 
-        result = bench_moe(tokens=args.tokens, repeats=args.repeats)
+        result = bench_moe(tokens=args.tokens, repeats=args.repeats, device=device)
     elif args.what == "decode":
         from ernie5.bench.decode import bench_decode
 
-        result = bench_decode(repeats=args.repeats, new_tokens=args.new_tokens)
+        result = bench_decode(repeats=args.repeats, new_tokens=args.new_tokens, device=device)
     else:
         from train.bench import bench_train
 
@@ -386,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--tokens", type=int, default=2048, help="moe: tokens per forward")
     b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
+    b.add_argument("--device", default="cpu", help="moe, decode: cpu (default) or cuda[:N]")
     b.add_argument(
         "--peer",
         action="store_true",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 def test_bench_moe_reports_both_ratios_per_dtype():
@@ -71,3 +72,15 @@ def test_alternating_medians_times_each_function_in_turn():
     )
     assert set(out) == {"a", "b"} and all(v >= 0 for v in out.values())
     assert calls == ["a", "b"] * 4  # one warm-up round, then three timed rounds, alternating
+
+
+def test_resolve_device_accepts_cpu_and_names_a_bad_value():
+    from ernie5.bench.timing import resolve_device, synchronizer
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    synchronizer("cpu")()  # nothing to wait for on CPU
+    with pytest.raises(ValueError, match="'npu': expected cpu or cuda"):
+        resolve_device("npu")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=f"'cuda:{n}': this machine has {n} CUDA device"):
+        resolve_device(f"cuda:{n}")

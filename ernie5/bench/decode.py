@@ -9,7 +9,8 @@ dtype: the median over ``repeats`` rounds, each timing every sub-model once in t
 tokens/s ratio (``tokens_per_s`` and ``prefill_ms`` are medians too); ``ideal_speedup`` is the
 ratio of forward FLOPs per token (``ernie5.params``, at the mean context of the run);
 ``fraction_of_ideal = speedup / ideal_speedup`` and the stricter ``gain_fraction_of_ideal =
-(speedup - 1) / (ideal_speedup - 1)``.
+(speedup - 1) / (ideal_speedup - 1)``. ``device`` (``--device cuda``) decodes on a GPU instead, each
+timed call synchronised with it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from ernie5.bench.timing import environment
+from ernie5.bench.timing import environment, synchronizer
 from ernie5.extract import extract_subnet
 from ernie5.generate import generate
 from ernie5.model.config import ModelConfig
@@ -38,12 +39,19 @@ def _nano() -> ModelConfig:
 
 
 def bench_decode(
-    repeats: int = 5, new_tokens: int = 64, prompt_len: int = 32, dtypes=("fp32", "bf16")
+    repeats: int = 5,
+    new_tokens: int = 64,
+    prompt_len: int = 32,
+    dtypes=("fp32", "bf16"),
+    device: torch.device | str = "cpu",
 ) -> dict:
-    """Run the benchmark; returns ``{"subnets": [...], ...}`` (one entry per subnet and dtype)."""
+    """Run the benchmark on ``device``; returns ``{"subnets": [...], ...}`` (one entry per subnet
+    and dtype)."""
+    device = torch.device(device)
+    sync = synchronizer(device)
     cfg = _nano()
     torch.manual_seed(0)
-    base = Ernie5Model(cfg).eval()
+    base = Ernie5Model(cfg).eval().to(device)
     prompt = torch.randint(16, cfg.vocab_size, (prompt_len,)).tolist()
     ctx = prompt_len + new_tokens
     subs = {spec: resolve(spec, cfg) for spec in SUBNETS}
@@ -69,10 +77,13 @@ def bench_decode(
         total = {spec: [] for spec in SUBNETS}
         for rnd in range(repeats + 1):  # round 0 warms up
             for spec, (_, prefill_fn, decode_fn) in runs.items():
+                sync()
                 t0 = time.perf_counter()
                 prefill_fn()
+                sync()
                 t1 = time.perf_counter()
                 decode_fn()
+                sync()
                 t2 = time.perf_counter()
                 if rnd:
                     prefill[spec].append(t1 - t0)
@@ -100,6 +111,6 @@ def bench_decode(
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
         "subnets": rows,
-        "env": environment(),
+        "env": environment(device),
         "target": "k0.25: fraction_of_ideal = speedup / ideal_speedup >= 0.8",
     }

@@ -36,6 +36,11 @@ build, oneDNN's ``bmm`` otherwise) could go:
     autograd; ``dense_equiv_ratio_ceiling = dense_ms / (gemm_only_ms + dense_ms - dense_gemm_ms)``
     is the ratio of an MoE layer whose routing and dispatch were free and whose activations cost
     exactly what the dense chain's do.
+
+``device`` (``ernie5 bench moe --device cuda``) runs all of it on a GPU instead, every timed run
+synchronised with it (the eager ``sorted`` path and ``torch.bmm``: the CPU kernels do not apply);
+the default shape is then far too small to fill one, so pass ``--tokens`` in the tens of thousands
+to see the GEMMs rather than launch and host-sync overheads.
 """
 
 from __future__ import annotations
@@ -56,21 +61,21 @@ def _moe_step(layer: MoE, x: torch.Tensor, dispatch: str, autocast: bool):
     def step():
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
             y, _ = layer(x, dispatch=dispatch)
         y.float().sum().backward()
 
     return step
 
 
-def _dense_step(n_rows: int, d: int, f: int, dtype: torch.dtype, autocast: bool):
-    x = torch.randn(n_rows, d, dtype=dtype, requires_grad=True)
-    w13 = (torch.randn(2 * f, d, dtype=dtype) * 0.02).requires_grad_()
-    w2 = (torch.randn(d, f, dtype=dtype) * 0.02).requires_grad_()
+def _dense_step(n_rows: int, d: int, f: int, dtype: torch.dtype, autocast: bool, device: torch.device):
+    x = torch.randn(n_rows, d, dtype=dtype, device=device, requires_grad=True)
+    w13 = (torch.randn(2 * f, d, dtype=dtype, device=device) * 0.02).requires_grad_()
+    w2 = (torch.randn(d, f, dtype=dtype, device=device) * 0.02).requires_grad_()
 
     def step():
         x.grad = w13.grad = w2.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             g, u = F.linear(x, w13).chunk(2, dim=-1)
             y = F.linear(F.silu(g) * u, w2)
         y.float().sum().backward()
@@ -78,14 +83,18 @@ def _dense_step(n_rows: int, d: int, f: int, dtype: torch.dtype, autocast: bool)
     return step
 
 
-def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype):
+def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype, device: torch.device):
     """The six GEMMs of a balanced expert layer (batched, the layout and the kernels
     `_GroupedSwiGLU` uses; ``experts_bmm``: the same through ``torch.bmm``) and of the dense chain,
     without anything else."""
     c = n_rows // n_experts
-    w13, w2 = torch.randn(n_experts, 2 * f, d, dtype=dtype), torch.randn(n_experts, d, f, dtype=dtype)
-    x, dy = torch.randn(n_experts, c, d, dtype=dtype), torch.randn(n_experts, c, d, dtype=dtype)
-    act, d_h = torch.randn(n_experts, f, c, dtype=dtype), torch.randn(n_experts, 2 * f, c, dtype=dtype)
+
+    def randn(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device)
+
+    w13, w2 = randn(n_experts, 2 * f, d), randn(n_experts, d, f)
+    x, dy = randn(n_experts, c, d), randn(n_experts, c, d)
+    act, d_h = randn(n_experts, f, c), randn(n_experts, 2 * f, c)
 
     def experts_bmm():
         torch.bmm(w13, x.transpose(1, 2))
@@ -107,9 +116,9 @@ def _gemm_steps(n_rows: int, d: int, f: int, n_experts: int, dtype: torch.dtype)
             k.expert_up_dw(d_h, x, n_E)
             k.expert_up_dx(d_h, w13, n_E)
 
-    xd, dyd = torch.randn(n_rows, d, dtype=dtype), torch.randn(n_rows, d, dtype=dtype)
-    w13d, w2d = torch.randn(2 * f, d, dtype=dtype), torch.randn(d, f, dtype=dtype)
-    actd, dhd = torch.randn(n_rows, f, dtype=dtype), torch.randn(n_rows, 2 * f, dtype=dtype)
+    xd, dyd = randn(n_rows, d), randn(n_rows, d)
+    w13d, w2d = randn(2 * f, d), randn(d, f)
+    actd, dhd = randn(n_rows, f), randn(n_rows, 2 * f)
 
     def dense():
         F.linear(xd, w13d)
@@ -141,15 +150,23 @@ def _load_ratio(layer: MoE, x: torch.Tensor) -> float:
 
 
 def bench_moe(
-    tokens: int = 2048, repeats: int = 5, d_model: int = 256, loop_repeats: int = 2, settle_steps: int = 300
+    tokens: int = 2048,
+    repeats: int = 5,
+    d_model: int = 256,
+    loop_repeats: int = 2,
+    settle_steps: int = 300,
+    device: torch.device | str = "cpu",
 ) -> dict:
-    """Run the benchmark; returns ``{"bf16": {...}, "bf16_autocast": {...}, "fp32": {...}, ...}``."""
+    """Run the benchmark on ``device`` (``cpu`` or a CUDA device; every timed run is synchronised
+    with it); returns ``{"bf16": {...}, "bf16_autocast": {...}, "fp32": {...}, ...}``."""
+    device = torch.device(device)
     cfg = MoEConfig(n_experts=64, d_expert=256, top_k=2)
     torch.manual_seed(0)
     base = MoE(d_model, cfg)
     for p in base.parameters():
         torch.nn.init.normal_(p, std=0.02)
-    x0 = torch.randn(tokens // 256 or 1, min(tokens, 256), d_model)
+    base.to(device)
+    x0 = torch.randn(tokens // 256 or 1, min(tokens, 256), d_model, device=device)
     out: dict = {
         "shape": {
             "tokens": x0.numel() // d_model,
@@ -158,7 +175,7 @@ def bench_moe(
             "d_expert": cfg.d_expert,
             "top_k": cfg.top_k,
         },
-        "env": environment(),
+        "env": environment(device),
     }
     rows = x0.numel() // d_model * cfg.top_k
     flops = 6 * rows * 3 * d_model * cfg.d_expert
@@ -168,7 +185,7 @@ def bench_moe(
         ("bf16_autocast", torch.float32, True),
         ("fp32", torch.float32, False),
     ):
-        layer = MoE(d_model, cfg).to(dtype)
+        layer = MoE(d_model, cfg).to(device=device, dtype=dtype)
         layer.load_state_dict(base.state_dict())
         x = x0.to(dtype).requires_grad_()
         load = _load_ratio(layer, x.detach())
@@ -178,16 +195,17 @@ def bench_moe(
             {
                 "moe": _moe_step(layer, x, "sorted", autocast),
                 "settled": _moe_step(settled, x, "sorted", autocast),
-                "dense": _dense_step(rows, d_model, cfg.d_expert, dtype, autocast),
+                "dense": _dense_step(rows, d_model, cfg.d_expert, dtype, autocast, device),
             },
             repeats,
+            device=device,
         )
         moe_s, settled_s, dense_s = timed["moe"], timed["settled"], timed["dense"]
-        loop_s = median_seconds(_moe_step(layer, x, "loop", autocast), loop_repeats, warmup=1)
+        loop_s = median_seconds(_moe_step(layer, x, "loop", autocast), loop_repeats, warmup=1, device=device)
         gemm_dtype = torch.bfloat16 if autocast else dtype  # autocast runs the experts in bf16
         if gemm_dtype not in ceilings:
-            steps = _gemm_steps(rows, d_model, cfg.d_expert, cfg.n_experts, gemm_dtype)
-            ceilings[gemm_dtype] = alternating_medians(steps, repeats)
+            steps = _gemm_steps(rows, d_model, cfg.d_expert, cfg.n_experts, gemm_dtype, device)
+            ceilings[gemm_dtype] = alternating_medians(steps, repeats, device=device)
         gemm = ceilings[gemm_dtype]
         gemm_s, dense_gemm_s = gemm["experts"], gemm["dense"]
         out[name] = {
@@ -209,8 +227,8 @@ def bench_moe(
             "dense_equiv_ratio_ceiling": dense_s / (gemm_s + max(dense_s - dense_gemm_s, 0.0)),
         }
     out["matmul_peak_gflops"] = {
-        "bf16": matmul_peak(torch.bfloat16) / 1e9,
-        "fp32": matmul_peak(torch.float32) / 1e9,
+        "bf16": matmul_peak(torch.bfloat16, device=device) / 1e9,
+        "fp32": matmul_peak(torch.float32, device=device) / 1e9,
     }
     out["targets"] = {"bf16.dense_equiv_ratio": ">= 0.8", "bf16.loop_speedup": ">= 1.5"}
     return out
