@@ -15,6 +15,8 @@ def test_bench_moe_reports_both_ratios_per_dtype():
         assert d["moe_ms"] > 0 and d["dense_ms"] > 0 and d["loop_ms"] > 0
         assert d["dense_equiv_ratio"] == pytest.approx(d["dense_ms"] / d["moe_ms"])
         assert d["loop_speedup"] == pytest.approx(d["loop_ms"] / d["moe_ms"])
+        assert d["dispatch"] == "sorted"  # what auto trains with on CPU; the other path alongside
+        assert d["grouped_speedup"] == pytest.approx(d["grouped_ms"] / d["moe_ms"])
         # The ceilings: GEMMs alone, then GEMMs plus the dense chain's own activation cost.
         assert d["dense_equiv_ratio_gemm_only"] == pytest.approx(d["dense_ms"] / d["gemm_only_ms"])
         assert d["dense_equiv_ratio_ceiling"] <= d["dense_equiv_ratio_gemm_only"] + 1e-9

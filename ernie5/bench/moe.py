@@ -2,7 +2,11 @@
 
 Shape: the nano MoE layer (d_model 256, 64 experts x 256, top-2) on ``tokens`` tokens (default
 2048 = 8 x 256, as perf-anchors.md). Per dtype:
-  * ``moe_ms``: the layer (router + experts, the ``sorted`` dispatch) forward + backward;
+  * ``moe_ms``: the layer (router + experts) forward + backward, with the expert path ``dispatch``
+    that ``auto`` trains with on this device and dtype (:func:`ernie5.model.moe.batch_dispatch`:
+    ``sorted`` on CPU and for fp32 on CUDA, ``grouped`` for bf16 on CUDA); the other of the two
+    is timed alongside as ``<other>_ms``, with ``<other>_speedup = <other>_ms / moe_ms`` (above
+    1: the chosen path is the faster one);
   * ``dense_ms``: a dense SwiGLU chain doing the same active expert FLOPs (``tokens * top_k`` rows
     through D -> 2F -> F -> D) forward + backward;
   * ``loop_ms``: the same layer with the naive per-expert loop;
@@ -54,7 +58,7 @@ import torch.nn.functional as F
 from ernie5.bench.timing import alternating_medians, environment, matmul_peak, median_seconds
 from ernie5.kernels import kernels, ops
 from ernie5.model.config import MoEConfig
-from ernie5.model.moe import MoE, update_router_bias
+from ernie5.model.moe import MoE, batch_dispatch, update_router_bias
 
 
 def _moe_step(layer: MoE, x: torch.Tensor, dispatch: str, autocast: bool):
@@ -191,10 +195,13 @@ def bench_moe(
         load = _load_ratio(layer, x.detach())
         settled = copy.deepcopy(layer)
         _settle_router(settled, x.detach(), settle_steps)
+        path = batch_dispatch(device, torch.bfloat16 if autocast else dtype)  # what `auto` trains with
+        other = "grouped" if path == "sorted" else "sorted"
         timed = alternating_medians(
             {
-                "moe": _moe_step(layer, x, "sorted", autocast),
-                "settled": _moe_step(settled, x, "sorted", autocast),
+                "moe": _moe_step(layer, x, path, autocast),
+                "settled": _moe_step(settled, x, path, autocast),
+                other: _moe_step(layer, x, other, autocast),
                 "dense": _dense_step(rows, d_model, cfg.d_expert, dtype, autocast, device),
             },
             repeats,
@@ -209,7 +216,10 @@ def bench_moe(
         gemm = ceilings[gemm_dtype]
         gemm_s, dense_gemm_s = gemm["experts"], gemm["dense"]
         out[name] = {
+            "dispatch": path,
             "moe_ms": moe_s * 1e3,
+            f"{other}_ms": timed[other] * 1e3,
+            f"{other}_speedup": timed[other] / moe_s,
             "dense_ms": dense_s * 1e3,
             "loop_ms": loop_s * 1e3,
             "dense_equiv_ratio": dense_s / moe_s,

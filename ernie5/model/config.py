@@ -34,9 +34,10 @@ class MoEConfig:
     """Sequence-wise balance loss coefficient (DeepSeek-V3 complementary loss, 1e-4 there). 0 = off."""
     z_loss_coef: float = 0.0
     """Router z-loss coefficient (ST-MoE, 1e-3 there). 0 = off."""
-    dispatch: Literal["auto", "loop", "sorted"] = "auto"
+    dispatch: Literal["auto", "loop", "sorted", "grouped"] = "auto"
     """Expert compute path: ``loop`` is the naive per-expert reference; ``sorted`` sorts (token, slot)
-    pairs by expert and runs bucketed batched GEMMs; ``auto`` picks by device and dtype."""
+    pairs by expert and runs bucketed batched GEMMs; ``grouped`` runs one grouped GEMM per
+    projection over the ragged per-expert groups; ``auto`` picks by device and dtype."""
 
     def __post_init__(self) -> None:
         check(self.n_experts >= 1, f"n_experts={self.n_experts} must be >= 1")

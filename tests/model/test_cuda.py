@@ -48,7 +48,7 @@ def test_moe_sorted_matches_loop_on_cuda_and_cpu_fp32(tokens, score_func):
     gpu.load_state_dict(cpu.state_dict())
     x = torch.randn(1, tokens, 32)
     y_ref, g_ref, r_ref = _fwd_bwd(cpu, x, "loop")
-    for dispatch in ("sorted", "loop"):
+    for dispatch in ("sorted", "grouped", "loop"):
         y, g, r = _fwd_bwd(gpu, x.to(CUDA), dispatch)
         assert torch.equal(r.counts_E.cpu(), r_ref.counts_E)
         torch.testing.assert_close(y.cpu(), y_ref, atol=1e-5, rtol=1e-4)
@@ -63,10 +63,11 @@ def test_moe_sorted_matches_loop_on_cuda_bf16(autocast):
         layer = layer.to(torch.bfloat16)
     x = torch.randn(4, 128, 64, device=CUDA, dtype=torch.float32 if autocast else torch.bfloat16)
     y_loop, g_loop, _ = _fwd_bwd(layer, x, "loop", autocast)
-    y, g, _ = _fwd_bwd(layer, x, "sorted", autocast)
-    # bf16 sums in another order: compare whole tensors by relative norm, not every element
-    for a, b in zip([y, *g], [y_loop, *g_loop]):
-        assert float((a - b).norm() / b.norm()) < 1e-2
+    for dispatch in ("sorted", "grouped"):
+        y, g, _ = _fwd_bwd(layer, x, dispatch, autocast)
+        # bf16 sums in another order: compare whole tensors by relative norm, not every element
+        for a, b in zip([y, *g], [y_loop, *g_loop]):
+            assert float((a - b).norm() / b.norm()) < 1e-2, dispatch
 
 
 def test_moe_skewed_routing_masked_width_and_top_k_on_cuda():
@@ -79,12 +80,24 @@ def test_moe_skewed_routing_masked_width_and_top_k_on_cuda():
     x = torch.randn(2, 200, 32, device=CUDA)
     for kw in ({}, {"expert_mask_E": mask}, {"top_k": 1}):
         y_loop, g_loop, r = _fwd_bwd(layer, x, "loop", **kw)
-        y, g, _ = _fwd_bwd(layer, x, "sorted", **kw)
         if "expert_mask_E" in kw:
             assert int(r.counts_E[~mask].sum()) == 0
-        torch.testing.assert_close(y, y_loop, atol=1e-5, rtol=1e-4)
-        for a, b in zip(g, g_loop):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+        for dispatch in ("sorted", "grouped"):
+            y, g, _ = _fwd_bwd(layer, x, dispatch, **kw)
+            torch.testing.assert_close(y, y_loop, atol=1e-5, rtol=1e-4)
+            for a, b in zip(g, g_loop):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_auto_dispatch_on_cuda_is_grouped_for_bf16_batches_and_gather_for_decoding():
+    layer = _layer().to(CUDA)
+    bf16 = torch.empty(64, 32, device=CUDA, dtype=torch.bfloat16)
+    assert layer._auto_dispatch(bf16, 2) == "grouped"
+    assert layer._auto_dispatch(bf16.float(), 2) == "sorted"  # fp32: grouped_mm has no fast kernel
+    assert layer._auto_dispatch(bf16.float(), 2, torch.bfloat16) == "grouped"  # under autocast
+    with torch.no_grad():
+        assert layer._auto_dispatch(bf16, 2) == "grouped"
+        assert layer._auto_dispatch(bf16[:2], 2) == "gather"
 
 
 def test_gather_path_matches_loop_on_cuda():
