@@ -1341,6 +1341,11 @@ std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, t
 std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::Tensor> expert_ffn_bwd(
     torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor tok, torch::Tensor h, torch::Tensor g,
     torch::Tensor gate, torch::Tensor dy, torch::Tensor n);
+// cpu_decode.cpp (same extension)
+bool rows_kernels_available();
+torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w);
+torch::Tensor expert_rows(torch::Tensor x, torch::Tensor ids, torch::Tensor gates, torch::Tensor w13,
+                          torch::Tensor w2);
 std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
                                     bool allow_amx);
 std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,
@@ -1377,4 +1382,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_amx", &attention_amx);
   m.def("attn_fwd", &attn_fwd);
   m.def("attn_bwd", &attn_bwd);
+  m.def("rows_kernels_available", &rows_kernels_available);
+  m.def("linear_rows", &linear_rows);
+  m.def("expert_rows", &expert_rows);
 }

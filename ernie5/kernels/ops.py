@@ -8,6 +8,7 @@ whenever :func:`fusable` says no, and are the references of ``tests/kernels``.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ernie5.kernels import kernels
 
@@ -17,9 +18,68 @@ FUSED_DTYPES = (torch.bfloat16, torch.float32)
 def fusable(*tensors: torch.Tensor) -> bool:
     """Whether the fused kernels can take these tensors: all on CPU, one dtype (bf16 or fp32)."""
     dtype = tensors[0].dtype
-    if dtype not in FUSED_DTYPES or any(t.device.type != "cpu" or t.dtype != dtype for t in tensors):
+    if dtype not in FUSED_DTYPES:
         return False
+    for t in tensors:  # a plain loop: this runs dozens of times per decoded token
+        if not t.is_cpu or t.dtype != dtype:
+            return False
     return kernels() is not None
+
+
+class _NoGradCtx:
+    """What a kernel wrapper's ``forward`` gets for ``ctx`` when nothing needs a gradient: it keeps
+    nothing, so the forward runs without ``Function.apply``'s graph bookkeeping (about 5 us a call,
+    paid dozens of times per decoded token)."""
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:  # noqa: D102
+        pass
+
+    def mark_non_differentiable(self, *tensors: torch.Tensor) -> None:  # noqa: D102
+        pass
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+ROWS_MAX = 4
+"""At most this many token rows (a decoding step of up to 4 sequences) run :func:`linear`'s kernel."""
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` (no bias). A few rows that need no gradient (decoding) run
+    ``linear_rows`` of ``cpu_decode.cpp``, which reads the weight in place with fp32 sums: PyTorch's
+    bf16 linear pays ~17 us per call at one row there."""
+    k = x.shape[-1]
+    if (
+        0 < x.numel() <= ROWS_MAX * k
+        and k % 16 == 0
+        and not _needs_grad(x, weight)
+        and fusable(x, weight)
+        and kernels().rows_kernels_available()
+    ):
+        y = kernels().linear_rows(x.reshape(-1, k).contiguous(), weight.contiguous())
+        return y.view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight)
+
+
+def experts_rows_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor) -> bool:
+    """Whether ``expert_rows`` (the decoding experts of ``cpu_decode.cpp``) can take these: no
+    gradient needed, :func:`fusable`, ``d_model`` and ``d_expert`` multiples of 16."""
+    return (
+        not _needs_grad(x_ND, w13_EFD, w2_EDF)
+        and x_ND.shape[1] % 16 == 0
+        and w2_EDF.shape[2] % 16 == 0
+        and fusable(x_ND, w13_EFD, w2_EDF)
+        and kernels().rows_kernels_available()
+    )
+
+
+def _apply(fn: type[torch.autograd.Function], *args):
+    """``fn.apply(*args)``, or where no tensor argument needs a gradient, its forward alone."""
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return fn.apply(*args)
+    return fn.forward(_NoGradCtx(), *args)
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -39,7 +99,7 @@ class _RMSNorm(torch.autograd.Function):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2, -1) + eps) * weight`` in one pass (fp32 math)."""
-    return _RMSNorm.apply(x, weight, eps)
+    return _apply(_RMSNorm, x, weight, eps)
 
 
 class _QKNormRoPE(torch.autograd.Function):
@@ -86,7 +146,7 @@ def qk_norm_rope(
     """Split packed ``(B, T, H + 2K, Dh)`` projections into ``q (B, H, T, Dh)``, ``k``, ``v``
     ``(B, K, T, Dh)``, RMS-normalising q and k heads (weights ``None`` = no QK-norm) and rotating
     them by the half-split RoPE tables ``(B, T, Dh/2)``."""
-    return _QKNormRoPE.apply(qkv_BTND, q_weight, k_weight, cos_BTP, sin_BTP, n_heads, n_kv_heads, eps)
+    return _apply(_QKNormRoPE, qkv_BTND, q_weight, k_weight, cos_BTP, sin_BTP, n_heads, n_kv_heads, eps)
 
 
 class _RouteTopK(torch.autograd.Function):
@@ -124,7 +184,7 @@ def route_topk(
     carry a gradient (to the logits). Unavailable experts (``mask_E`` False) are never selected
     and get no softmax mass; ties in the selection go to the lower expert index.
     """
-    return _RouteTopK.apply(logits_NE, bias_E, mask_E, k, sigmoid, norm, scale)
+    return _apply(_RouteTopK, logits_NE, bias_E, mask_E, k, sigmoid, norm, scale)
 
 
 class _RouterLogits(torch.autograd.Function):
@@ -192,4 +252,4 @@ def router_logits(x_ND: torch.Tensor, weight_ED: torch.Tensor) -> torch.Tensor:
     """fp32 router logits ``x @ weight^T`` (fp32 products and sums), as ``F.linear(x.float(),
     weight.float())`` with its gradients (``dx`` in ``x``'s dtype, ``dw`` in ``weight``'s), without
     the fp32 copies or the fp32 GEMM library, which is slow at this skinny shape."""
-    return _RouterLogits.apply(x_ND, weight_ED)
+    return _apply(_RouterLogits, x_ND, weight_ED)

@@ -12,6 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ernie5.kernels import kernels, ops
 from ernie5.model.config import ModelConfig
 from ernie5.model.kv_cache import KVCache
+from ernie5.model.linear import Linear
 from ernie5.model.mask import AttnMask
 from ernie5.model.norm import RMSNorm
 from ernie5.model.rope import apply_rope
@@ -153,8 +154,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.dim_head
-        self.wqkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.dim_head, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.dim_head, cfg.d_model, bias=False)
+        self.wqkv = Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.dim_head)
+        self.wo = Linear(cfg.n_heads * cfg.dim_head, cfg.d_model)
         self.q_norm = RMSNorm(cfg.dim_head, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.dim_head, eps=cfg.norm_eps) if cfg.qk_norm else None
 

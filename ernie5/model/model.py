@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from ernie5.sequence import AudioInputs, VisionInputs
 from ernie5.model.kv_cache import KVCache
+from ernie5.model.linear import Linear
 from ernie5.model.loss import IGNORE, linear_cross_entropy
 from ernie5.model.mask import AttnMask, build_mask
 from ernie5.model.moe import MoE, RouterOutput, SwiGLU
@@ -119,7 +120,7 @@ class MTPModule(nn.Module):
         super().__init__()
         self.norm_h = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.norm_e = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.proj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
+        self.proj = Linear(2 * cfg.d_model, cfg.d_model)
         self.block = Block(cfg, is_moe=False)
         self.norm_out = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
 
@@ -140,7 +141,7 @@ class Ernie5Model(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg, cfg.is_moe_layer(i)) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head = Linear(cfg.d_model, cfg.vocab_size)
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         self.mtp = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.mtp.n_depth))

@@ -70,6 +70,7 @@ from torch import nn
 
 from ernie5.kernels import kernels, ops
 from ernie5.model.config import MoEConfig
+from ernie5.model.linear import Linear
 
 GATHER_MAX_PAIRS = 16
 """At inference, at most this many (token, slot) pairs use the weight-gather path."""
@@ -186,7 +187,17 @@ def experts_loop(
 def experts_gather(
     x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, r: RouterOutput
 ) -> torch.Tensor:
-    """Few pairs (decode): gather each pair's expert weights and multiply per pair."""
+    """Few pairs (decode): each pair's token row through its expert's weights. On CPU without a
+    gradient, one ``expert_rows`` kernel (``cpu_decode.cpp``) reads the weights in place; else the
+    selected experts' weights are gathered (copied) and multiplied per pair."""
+    if ops.experts_rows_fusable(x_ND, w13_EFD, w2_EDF):
+        return kernels().expert_rows(
+            x_ND.contiguous(),
+            r.expert_ids_NA.contiguous(),
+            r.gates_NA.float().contiguous(),
+            w13_EFD.contiguous(),
+            w2_EDF.contiguous(),
+        )
     n, a = r.expert_ids_NA.shape
     ids = r.expert_ids_NA.reshape(-1)
     x_P1D = x_ND.repeat_interleave(a, dim=0).unsqueeze(1)
@@ -545,8 +556,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int) -> None:
         super().__init__()
-        self.w13 = nn.Linear(d_model, 2 * d_ff, bias=False)
-        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.w13 = Linear(d_model, 2 * d_ff)
+        self.w2 = Linear(d_ff, d_model)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         g, u = self.w13(x_BTD).chunk(2, dim=-1)

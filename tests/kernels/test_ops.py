@@ -204,6 +204,19 @@ def test_bad_mode_is_an_error(monkeypatch):
         kernels()
 
 
+def test_mode_follows_every_change_of_the_variable(monkeypatch):
+    """mode() keeps its parse per value object of the variable: any change is still seen at once."""
+    for value, expected in (("off", "off"), (" ON ", "on"), ("off", "off"), ("", "auto"), ("auto", "auto")):
+        monkeypatch.setenv("ERNIE5_KERNELS", value)
+        assert kernels_pkg.mode() == expected and kernels_pkg.mode() == expected
+    monkeypatch.delenv("ERNIE5_KERNELS")
+    assert kernels_pkg.mode() == "auto"
+    monkeypatch.setenv("ERNIE5_KERNELS", "turbo")
+    for _ in range(2):  # a bad value is an error every time, never remembered as a mode
+        with pytest.raises(ValueError, match="ERNIE5_KERNELS='turbo'"):
+            kernels_pkg.mode()
+
+
 def test_build_failure_falls_back_to_eager(monkeypatch):
     monkeypatch.setattr(kernels_pkg, "_STATE", {})
 

@@ -1,0 +1,209 @@
+// Kernels for a handful of token rows: what decoding runs per new token (batch 1 to 4).
+//
+// At one row, PyTorch's bf16 linear (oneDNN) costs a fixed ~17 us per call whatever its size on a
+// 2-core Zen 4 (25 us for the nano model's 384 x 256 qkv projection, 23 us for its 256 x 256
+// output projection), and the MoE layer's gather path copies each selected expert's weights
+// (768 KB in bf16 at the nano shape) before two batched products. Both are weight-streaming
+// products of a few rows, so each output here is a dot product of a weight row, read in place,
+// with every token row at once:
+//
+//   linear_rows   y (M, N) = x (M, K) @ w (N, K)^T                          M <= 4
+//   expert_rows   y (M, D) = sum_a gate[m, a] * w2[e] (silu(g) * u)          e = ids[m, a],
+//                 [g; u] = w13[e] (2F, D) @ x[m]                             M * A <= 16
+//
+// Sums are fp32 (bf16 products are exact in fp32) in a fixed order that does not depend on M, the
+// thread count or where an output falls in a block, and each output is rounded once to the
+// storage type (nearest even). expert_rows rounds where the training kernels round: the up
+// projection h and the gated activation silu(g) * u * gate are stored in the token's dtype, the
+// down projection sums the pairs of a token in fp32 and rounds once (the gate is cast to the
+// token's dtype first, as the MoE layer does).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include "cpu_common.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#if defined(__AVX512F__)
+namespace {
+
+using namespace ernie5_kernels;
+
+// out[m * ldo + n] (fp32) = sum_k x[m * K + k] * w[n * K + k] for n in [n0, n1), all M rows.
+template <typename T, int M>
+void dot_rows(const T* __restrict x, const T* __restrict w, int64_t K, int64_t n0, int64_t n1, float* __restrict out,
+              int64_t ldo) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    __m512 acc[M][4];
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
+    const T* wr = w + n * K;
+    for (int64_t k = 0; k < K; k += 16) {
+      __m512 wv[4];
+      for (int j = 0; j < 4; ++j) wv[j] = load16(wr + j * K + k);
+      for (int m = 0; m < M; ++m) {
+        __m512 xv = load16(x + m * K + k);
+        for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 4; ++j) out[m * ldo + n + j] = _mm512_reduce_add_ps(acc[m][j]);
+  }
+  for (; n < n1; ++n) {  // the same sums, one output at a time
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      __m512 wv = load16(w + n * K + k);
+      for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(load16(x + m * K + k), wv, acc[m]);
+    }
+    for (int m = 0; m < M; ++m) out[m * ldo + n] = _mm512_reduce_add_ps(acc[m]);
+  }
+}
+
+template <typename T>
+void dot_rows_m(int64_t m, const T* x, const T* w, int64_t K, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  switch (m) {
+    case 1: return dot_rows<T, 1>(x, w, K, n0, n1, out, ldo);
+    case 2: return dot_rows<T, 2>(x, w, K, n0, n1, out, ldo);
+    case 3: return dot_rows<T, 3>(x, w, K, n0, n1, out, ldo);
+    default: return dot_rows<T, 4>(x, w, K, n0, n1, out, ldo);
+  }
+}
+
+// Weight elements per thread below which a product stays on one thread (a parallel region costs
+// a few microseconds; the nano model's attention projections stay serial, its 4096-row head splits).
+constexpr int64_t kSerialElems = 1 << 17;
+
+template <typename T>
+void linear_rows_impl(const T* x, const T* w, T* y, int64_t m, int64_t n, int64_t k) {
+  // Outputs go to an fp32 scratch row block, then are rounded: the dot products never see T.
+  std::vector<float> acc(m * n);
+  int64_t blocks = (n + 3) / 4, grain = std::max<int64_t>(1, kSerialElems / (4 * k));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    dot_rows_m<T>(m, x, w, k, b0 * 4, std::min(n, b1 * 4), acc.data(), n);
+  });
+  for (int64_t i = 0; i < m * n; ++i) y[i] = from_f<T>(acc[i]);
+}
+
+template <typename T>
+void expert_rows_impl(const T* x, const int64_t* ids, const float* gates, const T* w13, const T* w2, T* y,
+                      int64_t m, int64_t a, int64_t d, int64_t f) {
+  int64_t pairs = m * a;
+  std::vector<float> hf(pairs * 2 * f), yf(m * d);
+  std::vector<T> act(pairs * f);
+  int threads = 1;
+#if defined(_OPENMP)
+  // One parallel region with a barrier between the up and the down products, rather than a
+  // region each (a handful per layer and token).
+  threads = (pairs * 3 * f * d >= 2 * kSerialElems) ? at::get_num_threads() : 1;
+#pragma omp parallel num_threads(threads)
+#endif
+  {
+    int t = 0, nt = 1;
+#if defined(_OPENMP)
+    t = omp_get_thread_num();
+    nt = omp_get_num_threads();
+#endif
+    // Up: each thread a contiguous share of every pair's 2F outputs (blocks of 4 rows).
+    int64_t blocks = (2 * f + 3) / 4, b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const T* we = w13 + ids[p] * 2 * f * d;
+      dot_rows<T, 1>(x + (p / a) * d, we, d, b0 * 4, std::min(2 * f, b1 * 4), hf.data() + p * 2 * f, 0);
+    }
+#if defined(_OPENMP)
+#pragma omp barrier
+#endif
+    // The gated activation, from h rounded as the training kernels store it.
+    for (int64_t p = t; p < pairs; p += nt) {
+      float gate = to_f(from_f<T>(gates[p]));  // the gate in the token's dtype, as the MoE layer casts it
+      for (int64_t i = 0; i < f; ++i) {
+        float g = to_f(from_f<T>(hf[p * 2 * f + i])), u = to_f(from_f<T>(hf[p * 2 * f + f + i]));
+        act[p * f + i] = from_f<T>(g / (1.f + exp_f(-g)) * u * gate);
+      }
+    }
+#if defined(_OPENMP)
+#pragma omp barrier
+#endif
+    // Down: each thread a share of the D outputs; a token's pairs summed in order, then rounded.
+    int64_t db = (d + 3) / 4, d0 = std::min(d, db * t / nt * 4), d1 = std::min(d, db * (t + 1) / nt * 4);
+    std::vector<float> part(d1 > d0 ? d1 : 0);
+    for (int64_t r = 0; r < m && d1 > d0; ++r) {
+      for (int64_t j = 0; j < a; ++j) {
+        int64_t p = r * a + j;
+        const T* we = w2 + ids[p] * d * f;
+        dot_rows<T, 1>(act.data() + p * f, we, f, d0, d1, part.data(), 0);
+        for (int64_t i = d0; i < d1; ++i) yf[r * d + i] = j ? yf[r * d + i] + part[i] : part[i];
+      }
+    }
+  }
+  for (int64_t i = 0; i < m * d; ++i) y[i] = from_f<T>(yf[i]);
+}
+
+}  // namespace
+
+bool rows_kernels_available() { return true; }
+
+torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
+  auto dt = x.scalar_type();
+  check(x, "x", dt);
+  check(w, "weight", dt);
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "linear_rows: x ", x.sizes(), " and weight ",
+              w.sizes(), " do not match");
+  int64_t m = x.size(0), n = w.size(0), k = x.size(1);
+  TORCH_CHECK(m >= 1 && m <= 4 && k % 16 == 0, "linear_rows: needs 1-4 rows and in_features % 16 == 0, got ", m,
+              " and ", k);
+  auto y = torch::empty({m, n}, x.options());
+  if (dt == torch::kBFloat16)
+    linear_rows_impl(ptr<uint16_t>(x), ptr<uint16_t>(w), ptr<uint16_t>(y), m, n, k);
+  else if (dt == torch::kFloat)
+    linear_rows_impl(ptr<float>(x), ptr<float>(w), ptr<float>(y), m, n, k);
+  else
+    TORCH_CHECK(false, "linear_rows: x must be bf16 or fp32, got ", dt);
+  return y;
+}
+
+torch::Tensor expert_rows(torch::Tensor x, torch::Tensor ids, torch::Tensor gates, torch::Tensor w13,
+                          torch::Tensor w2) {
+  auto dt = x.scalar_type();
+  check(x, "x", dt);
+  check(w13, "w13", dt);
+  check(w2, "w2", dt);
+  check(ids, "expert ids", torch::kLong);
+  check(gates, "gates", torch::kFloat);
+  TORCH_CHECK(x.dim() == 2 && w13.dim() == 3 && w2.dim() == 3, "expert_rows: x (M, D), w13 (E, 2F, D), w2 (E, D, F)");
+  int64_t m = x.size(0), d = x.size(1), e = w13.size(0), f = w2.size(2);
+  TORCH_CHECK(w13.size(1) == 2 * f && w13.size(2) == d && w2.size(0) == e && w2.size(1) == d,
+              "expert_rows: w13 ", w13.sizes(), " and w2 ", w2.sizes(), " do not match x ", x.sizes());
+  TORCH_CHECK(ids.dim() == 2 && ids.size(0) == m && gates.sizes() == ids.sizes(), "expert_rows: ids ", ids.sizes(),
+              " and gates ", gates.sizes(), " must both be (", m, ", A)");
+  TORCH_CHECK(d % 16 == 0 && f % 16 == 0, "expert_rows: needs d_model and d_expert multiples of 16, got ", d, " and ",
+              f);
+  int64_t a = ids.size(1);
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < m * a; ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < e, "expert_rows: expert id ", ip[i], " outside [0, ", e, ")");
+  auto y = torch::empty({m, d}, x.options());
+  if (m == 0) return y;
+  if (dt == torch::kBFloat16)
+    expert_rows_impl(ptr<uint16_t>(x), ip, ptr<float>(gates), ptr<uint16_t>(w13), ptr<uint16_t>(w2),
+                     ptr<uint16_t>(y), m, a, d, f);
+  else if (dt == torch::kFloat)
+    expert_rows_impl(ptr<float>(x), ip, ptr<float>(gates), ptr<float>(w13), ptr<float>(w2), ptr<float>(y), m, a, d,
+                     f);
+  else
+    TORCH_CHECK(false, "expert_rows: x must be bf16 or fp32, got ", dt);
+  return y;
+}
+
+#else  // no AVX-512F: the callers use PyTorch
+
+bool rows_kernels_available() { return false; }
+torch::Tensor linear_rows(torch::Tensor, torch::Tensor) { TORCH_CHECK(false, "linear_rows needs AVX-512F"); }
+torch::Tensor expert_rows(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor) {
+  TORCH_CHECK(false, "expert_rows needs AVX-512F");
+}
+
+#endif
