@@ -99,7 +99,7 @@ void expert_rows_impl(const T* x, const int64_t* ids, const float* gates, const 
 #if defined(_OPENMP)
   // One parallel region with a barrier between the up and the down products, rather than a
   // region each (a handful per layer and token).
-  threads = (pairs * 3 * f * d >= 2 * kSerialElems) ? at::get_num_threads() : 1;
+  threads = (pairs * 3 * f * d >= kSerialElems) ? at::get_num_threads() : 1;
 #pragma omp parallel num_threads(threads)
 #endif
   {
