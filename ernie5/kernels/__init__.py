@@ -60,24 +60,20 @@ _STATE: dict[str, object] = {}
 # microsecond (it encodes the key and decodes the value). CPython keeps the encoded environment in
 # ``os.environ._data``, whose value object only changes when the variable is set again, so the
 # parsed mode is kept for that object and the variable is still read on every call.
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_KEY = os.environ.encodekey("ERNIE5_KERNELS") if hasattr(os.environ, "encodekey") else None
+_ENV_DATA = getattr(os.environ, "_data", None) if hasattr(os.environ, "encodekey") else None
+_ENV_KEY = os.environ.encodekey("ERNIE5_KERNELS") if _ENV_DATA is not None else None
 _MODE_MEMO: list = [False, None, None]  # [valid, raw value object, parsed mode]
 
 
 def mode() -> str:
     """``ERNIE5_KERNELS`` (``auto`` if unset); a ValueError naming the value if it is not auto/on/off."""
-    if _ENV_DATA is not None and _ENV_KEY is not None:
-        raw = _ENV_DATA.get(_ENV_KEY)
-        if _MODE_MEMO[0] and raw is _MODE_MEMO[1]:
-            return _MODE_MEMO[2]
-    else:
-        raw = None
+    raw = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else None
+    if _MODE_MEMO[0] and raw is _MODE_MEMO[1]:
+        return _MODE_MEMO[2]
     value = os.environ.get("ERNIE5_KERNELS", "auto").strip().lower() or "auto"
     if value not in ("auto", "on", "off"):
         raise ValueError(f"ERNIE5_KERNELS={value!r}: expected auto, on or off")
-    if _ENV_DATA is not None and _ENV_KEY is not None:
-        _MODE_MEMO[:] = [True, raw, value]
+    _MODE_MEMO[:] = [_ENV_DATA is not None, raw, value]
     return value
 
 

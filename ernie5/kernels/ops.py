@@ -77,7 +77,7 @@ def experts_rows_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torc
 
 def _apply(fn: type[torch.autograd.Function], *args):
     """``fn.apply(*args)``, or where no tensor argument needs a gradient, its forward alone."""
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+    if _needs_grad(*(a for a in args if isinstance(a, torch.Tensor))):
         return fn.apply(*args)
     return fn.forward(_NoGradCtx(), *args)
 
