@@ -688,7 +688,9 @@ std::vector<torch::Tensor> route_topk_fwd(torch::Tensor logits, torch::Tensor bi
   }
   auto ids = torch::empty({n, k}, logits.options().dtype(torch::kLong));
   auto gates = torch::empty({n, k}, logits.options());
-  int64_t nthreads = at::get_num_threads();
+  // A parallel region costs a few microseconds: a decoding step's few rows stay on one thread (the
+  // rows are independent and the counts integers, so the split changes nothing in the results).
+  int64_t nthreads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / 16));
   auto hist = torch::zeros({nthreads, e}, logits.options().dtype(torch::kLong));
   const float* lg = ptr<float>(logits);
   const float* bs = ptr<float>(bias);
@@ -1346,6 +1348,72 @@ bool rows_kernels_available();
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w);
 torch::Tensor expert_rows(torch::Tensor x, torch::Tensor ids, torch::Tensor gates, torch::Tensor w13,
                           torch::Tensor w2);
+torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, bool causal);
+
+namespace {
+
+// SwiGLU of a few rows, as ernie5.model.moe.SwiGLU runs them: w2(silu(g) * u), [g; u] = w13 x.
+torch::Tensor swiglu_rows(const torch::Tensor& x, const torch::Tensor& w13, const torch::Tensor& w2) {
+  auto gu = linear_rows(x, w13);
+  auto parts = gu.chunk(2, -1);
+  return linear_rows((at::silu(parts[0]) * parts[1]).contiguous(), w2);
+}
+
+}  // namespace
+
+// One pre-norm block for the rows of a decoding step (cpu_decode.cpp says why): the kernels of the
+// module-by-module path in its order, so the same arithmetic, in one call from Python. The
+// arguments that change from step to step come first, the layer's weights and settings after. x (B, T, D); the
+// new keys and values go into the cache buffers (B, K, max_len, Dh) at [start, start + T). The
+// FFN is the MoE (router_w given: routed experts, plus the shared SwiGLU when s_w13 is given) or
+// the dense SwiGLU (s_w13, s_w2). Returns {x_out (B, T, D), expert ids (B*T, k), gates (B*T, k)
+// fp32, routed pairs per expert (E,)}; the last three empty for a dense FFN.
+std::vector<torch::Tensor> decode_layer(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                                        torch::Tensor v_cache, int64_t start, torch::Tensor mask, bool causal,
+                                        torch::Tensor expert_mask, int64_t top_k, torch::Tensor attn_norm_w,
+                                        double attn_eps, torch::Tensor wqkv, torch::Tensor qw, torch::Tensor kw,
+                                        double qk_eps, torch::Tensor wo, torch::Tensor ffn_norm_w, double ffn_eps,
+                                        torch::Tensor router_w, torch::Tensor router_bias, bool sigmoid,
+                                        bool norm_topk, double route_scale, torch::Tensor w13, torch::Tensor w2,
+                                        torch::Tensor s_w13, torch::Tensor s_w2, int64_t n_heads,
+                                        int64_t n_kv_heads) {
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous(), "decode_layer: x must be a contiguous (B, T, D) tensor");
+  int64_t b = x.size(0), t = x.size(1), d = x.size(2), m = b * t;
+  TORCH_CHECK(m >= 1 && m <= 4, "decode_layer: needs 1-4 token rows, got ", m);
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous() && k_cache.scalar_type() == x.scalar_type() &&
+                  v_cache.scalar_type() == x.scalar_type(),
+              "decode_layer: the cache buffers must be contiguous (B, K, max_len, Dh) tensors of x's dtype");
+  int64_t dh = k_cache.size(3), end = start + t;
+  TORCH_CHECK(k_cache.size(0) == b && k_cache.size(1) == n_kv_heads && start >= 0 && end <= k_cache.size(2),
+              "decode_layer: cache ", k_cache.sizes(), " cannot take positions [", start, ", ", end, ") of ", b,
+              " rows and ", n_kv_heads, " kv heads");
+  auto x_md = x.view({m, d});
+  // Attention.
+  auto h = rms_norm_fwd(x, attn_norm_w, attn_eps)[0];
+  auto qkv = linear_rows(h.view({m, d}), wqkv).view({b, t, n_heads + 2 * n_kv_heads, dh});
+  auto qkv_parts = qk_norm_rope_fwd(qkv, qw, kw, cos, sin, n_heads, n_kv_heads, qk_eps);
+  auto keys = k_cache.narrow(2, 0, end), values = v_cache.narrow(2, 0, end);
+  keys.narrow(2, start, t).copy_(qkv_parts[1]);
+  values.narrow(2, start, t).copy_(qkv_parts[2]);
+  auto o = attend_rows(qkv_parts[0], keys, values, mask, causal);  // memory (B, T, H, Dh)
+  auto x1 = x_md + linear_rows(o.permute({0, 2, 1, 3}).reshape({m, n_heads * dh}), wo);
+  // FFN.
+  auto h2 = rms_norm_fwd(x1, ffn_norm_w, ffn_eps)[0];
+  if (router_w.numel() == 0) {
+    auto out = x1 + swiglu_rows(h2, s_w13, s_w2);
+    auto none = torch::empty({0}, x.options());
+    return {out.view({b, t, d}), none, none, none};
+  }
+  // fp32 logits, as ernie5.model.moe.route computes them: the router kernel where it takes the shape.
+  auto logits = router_shape_ok(d, router_w.size(0)) ? router_logits_fwd(h2, router_w)
+                                                      : at::linear(h2.to(torch::kFloat), router_w.to(torch::kFloat));
+  auto routed = route_topk_fwd(logits, router_bias.to(torch::kFloat).contiguous(), expert_mask, top_k, sigmoid,
+                               norm_topk, route_scale);
+  auto y = expert_rows(h2, routed[0], routed[1], w13, w2);
+  if (s_w13.numel() > 0) y = y + swiglu_rows(h2, s_w13, s_w2);
+  return {(x1 + y).view({b, t, d}), routed[0], routed[1], routed[2]};
+}
 std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
                                     bool allow_amx);
 std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,
@@ -1385,4 +1453,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows_kernels_available", &rows_kernels_available);
   m.def("linear_rows", &linear_rows);
   m.def("expert_rows", &expert_rows);
+  m.def("attend_rows", &attend_rows);
+  m.def("decode_layer", &decode_layer);
 }

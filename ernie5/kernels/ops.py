@@ -75,6 +75,42 @@ def experts_rows_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torc
     )
 
 
+def attend_rows_fusable(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
+    """Whether ``attend_rows`` (few-query attention of ``cpu_decode.cpp``) can take these: at most
+    :data:`ROWS_MAX` query rows (``B * Tq``), no gradient needed, :func:`fusable`, a head dim that
+    is a multiple of 16, keys and values of one layout with a contiguous head dim (KV-cache views)."""
+    b, h, t, dh = q_BHTD.shape
+    return (
+        b * t <= ROWS_MAX
+        and dh % 16 == 0
+        and not _needs_grad(q_BHTD, k_BKSD, v_BKSD)
+        and fusable(q_BHTD, k_BKSD, v_BKSD)
+        and k_BKSD.shape == v_BKSD.shape
+        and k_BKSD.stride() == v_BKSD.stride()
+        and k_BKSD.stride(3) == 1
+        and h % k_BKSD.shape[1] == 0
+        and kernels().rows_kernels_available()
+    )
+
+
+def attend_rows(
+    q_BHTD: torch.Tensor,
+    k_BKSD: torch.Tensor,
+    v_BKSD: torch.Tensor,
+    allowed_B1TS: torch.Tensor | None,
+    causal: bool,
+) -> torch.Tensor:
+    """SDPA (scale ``1/sqrt(Dh)``, grouped-query heads) of a few query rows over keys read in place:
+    fp32 scores and softmax, one rounding per output. ``allowed_B1TS`` is the boolean mask (True =
+    may attend; None = every key); ``causal`` aligns the queries with the last keys. Returns ``(B,
+    H, Tq, Dh)`` laid out as ``(B, Tq, H, Dh)``, so ``.transpose(1, 2).reshape(...)`` is free."""
+    mask = allowed_B1TS.contiguous() if allowed_B1TS is not None else _NO_MASK
+    return kernels().attend_rows(q_BHTD, k_BKSD, v_BKSD, mask, causal)
+
+
+_NO_MASK = torch.empty(0, dtype=torch.bool)
+
+
 def _apply(fn: type[torch.autograd.Function], *args):
     """``fn.apply(*args)``, or where no tensor argument needs a gradient, its forward alone."""
     if _needs_grad(*(a for a in args if isinstance(a, torch.Tensor))):

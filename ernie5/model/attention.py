@@ -122,7 +122,9 @@ def _fused_attention_fits(q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, mask: Attn
 
 def _sdpa(q_BHTD, k_BKTD, v_BKTD, mask: AttnMask) -> torch.Tensor:
     """SDPA; short bf16 training attention on CPU runs :class:`_FusedAttention` where the kernels
-    have it (a CPU with AVX512-BF16), else :class:`_BF16FlashFP32Backward`."""
+    have it (a CPU with AVX512-BF16), else :class:`_BF16FlashFP32Backward`; a decoding step's few
+    query rows on CPU run :func:`ernie5.kernels.ops.attend_rows` (PyTorch's SDPA costs ~35 us a call
+    there, for one query against a hundred keys)."""
     if (
         q_BHTD.dtype == torch.bfloat16
         and q_BHTD.device.type == "cpu"
@@ -133,6 +135,8 @@ def _sdpa(q_BHTD, k_BKTD, v_BKTD, mask: AttnMask) -> torch.Tensor:
         if k_BKTD.dtype == v_BKTD.dtype == torch.bfloat16 and _fused_attention_fits(q_BHTD, k_BKTD, mask):
             return _FusedAttention.apply(q_BHTD, k_BKTD, v_BKTD, mask)
         return _BF16FlashFP32Backward.apply(q_BHTD, k_BKTD, v_BKTD, mask)
+    if ops.attend_rows_fusable(q_BHTD, k_BKTD, v_BKTD):  # a decoding step: a few query rows
+        return ops.attend_rows(q_BHTD, k_BKTD, v_BKTD, mask.dense_B1TS, mask.is_causal)
     # Inference shapes change call by call (a decode step's key length grows by one), and PyTorch's
     # cuDNN backend builds an execution plan for every new shape: 3.8 ms of host time per call
     # while decoding the nano model on an H200 (torch 2.11), 78 % of the decode time.

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ernie5.kernels import kernels, ops
 from ernie5.model.attention import Attention
 from ernie5.model.audio import AudioModule
 from ernie5.model.config import ModelConfig
@@ -41,7 +42,7 @@ from ernie5.model.kv_cache import KVCache
 from ernie5.model.linear import Linear
 from ernie5.model.loss import IGNORE, linear_cross_entropy
 from ernie5.model.mask import AttnMask, build_mask
-from ernie5.model.moe import MoE, RouterOutput, SwiGLU
+from ernie5.model.moe import GATHER_MAX_PAIRS, MoE, RouterOutput, SwiGLU
 from ernie5.model.norm import RMSNorm
 from ernie5.model.rope import inv_frequencies, rope_cos_sin, text_positions
 from ernie5.model.vision import VisionModule
@@ -84,6 +85,9 @@ class _Context:
     sin: torch.Tensor
     mask: AttnMask
     cache: KVCache | None
+    cos_f: torch.Tensor | None = None
+    """``cos`` as the fused decoding layers take it: fp32, contiguous ``(B, T, Dh/2)``."""
+    sin_f: torch.Tensor | None = None
 
 
 class Block(nn.Module):
@@ -95,6 +99,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.ffn: MoE | SwiGLU = MoE(cfg.d_model, cfg.moe) if is_moe else SwiGLU(cfg.d_model, cfg.d_ff)
+        self._fused_plan: tuple | None = None  # see _fused_weights
 
     def forward(
         self,
@@ -111,6 +116,163 @@ class Block(nn.Module):
             y_BTD, r = self.ffn(h_BTD, top_k, expert_mask_E, dispatch)
             return x_BTD + y_BTD, r
         return x_BTD + self.ffn(h_BTD), None
+
+    def forward_fused(
+        self,
+        x_BTD: torch.Tensor,
+        ctx: _Context,
+        layer: int,
+        top_k: int | None = None,
+        expert_mask_E: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, RouterOutput | None] | None:
+        """:meth:`forward` of a decoding step in one kernel call (``decode_layer`` of
+        :mod:`ernie5.kernels`): the same kernels in the same order, so the same result, without
+        some 60 Python-level calls per layer. ``None`` where it does not apply (the caller checked
+        the step with :func:`fused_decode_ok`; this checks the layer: its weights in ``x``'s
+        dtype, and a router and experts the kernels take)."""
+        ffn = self.ffn
+        moe = isinstance(ffn, MoE)
+        if moe:
+            k = top_k or ffn.cfg.top_k
+            if x_BTD.shape[0] * x_BTD.shape[1] * k > GATHER_MAX_PAIRS:
+                return None  # the module path would not take the gather path either
+        else:
+            k = 1
+        weights = self._fused_weights(x_BTD.dtype)
+        if weights is None:
+            return None
+        mask, cache = ctx.mask, ctx.cache
+        out = kernels().decode_layer(
+            x_BTD.contiguous(),
+            ctx.cos_f,
+            ctx.sin_f,
+            cache.k[layer],
+            cache.v[layer],
+            cache.length,
+            mask.dense_B1TS if mask.dense_B1TS is not None else _NO_BOOL,
+            mask.is_causal,
+            expert_mask_E if expert_mask_E is not None else _NO_BOOL,
+            k,
+            *weights,
+        )
+        if not moe:
+            return out[0], None
+        return out[0], RouterOutput(out[1], out[2], out[3], None, None)
+
+    def _fused_weights(self, dtype: torch.dtype) -> tuple | None:
+        """The layer's half of ``decode_layer``'s arguments (weights, eps, routing settings, head
+        counts), or None where the kernel does not take the layer in ``dtype``.
+
+        Built once and kept with the parameter objects it was built from; every call checks, by
+        dictionary lookups, that those are still the layer's parameters and in ``dtype`` (``.to()``
+        keeps the objects and changes their data; assigning a new parameter rebuilds)."""
+        plan = self._fused_plan
+        if plan is not None:
+            for owner, name, t, typed in plan[0]:
+                if owner.get(name) is not t or (typed and t.dtype != dtype):
+                    break
+            else:
+                return plan[1]
+        owned, args = _fused_plan(self)
+        ok = _fused_shapes_ok(self) and all(
+            t.is_cpu and (t.dtype == dtype or not typed) for _, _, t, typed in owned
+        )
+        self._fused_plan = (owned, args if ok else None)
+        return self._fused_plan[1]
+
+
+_EMPTY = torch.empty(0)
+_NO_BOOL = torch.empty(0, dtype=torch.bool)
+
+
+def _fused_plan(block: Block) -> tuple[list, tuple]:
+    """``([(owner dict, name, tensor, in x's dtype?) ...], decode_layer's weight arguments)``: the
+    owner dicts are the modules' ``_parameters`` and ``_buffers``, where ``.to()`` and assignment
+    put new tensors."""
+    attn, ffn = block.attn, block.ffn
+    owned: list = []
+
+    def param(module: nn.Module | None, name: str = "weight") -> torch.Tensor:
+        if module is None:
+            return _EMPTY
+        p = module._parameters[name]
+        owned.append((module._parameters, name, p, True))
+        return p
+
+    def buffer(module: nn.Module, name: str) -> torch.Tensor:
+        b = module._buffers[name]
+        owned.append((module._buffers, name, b, False))  # any float dtype: the kernel reads it as fp32
+        return b
+
+    def eps(norm: RMSNorm) -> float:
+        return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps  # dtype: checked
+
+    moe = isinstance(ffn, MoE)
+    shared = ffn.shared if moe else ffn
+    if moe:
+        c = ffn.cfg
+        routed = (
+            param(ffn.router),
+            buffer(ffn, "router_bias"),
+            c.score_func == "sigmoid",
+            c.norm_topk,
+            c.route_scale,
+        )
+        experts = (param(ffn, "w13"), param(ffn, "w2"))
+    else:
+        routed, experts = (_EMPTY, _EMPTY, False, False, 1.0), (_EMPTY, _EMPTY)
+    args = (
+        param(block.attn_norm),
+        eps(block.attn_norm),
+        param(attn.wqkv),
+        param(attn.q_norm),
+        param(attn.k_norm),
+        eps(attn.q_norm) if attn.q_norm is not None else 0.0,
+        param(attn.wo),
+        param(block.ffn_norm),
+        eps(block.ffn_norm),
+        *routed,
+        *experts,
+        param(shared.w13 if shared is not None else None),
+        param(shared.w2 if shared is not None else None),
+        attn.n_heads,
+        attn.n_kv_heads,
+    )
+    return owned, args
+
+
+def _fused_shapes_ok(block: Block) -> bool:
+    """Whether ``decode_layer`` takes this layer: experts the expert kernel takes (``d_expert`` a
+    multiple of 16) on the default expert path, so that decoding steps take the gather path in the
+    module path too."""
+    ffn = block.ffn
+    return not isinstance(ffn, MoE) or (ffn.cfg.dispatch == "auto" and ffn.cfg.d_expert % 16 == 0)
+
+
+def fused_decode_ok(
+    x_BTD: torch.Tensor, cfg: ModelConfig, cache: KVCache | None, mask: AttnMask, dispatch: str | None
+) -> bool:
+    """Whether this forward is a decoding step that :meth:`Block.forward_fused` can run: a KV cache,
+    at most :data:`~ernie5.kernels.ops.ROWS_MAX` token rows, nothing to differentiate, no autocast,
+    on CPU in bf16 or fp32 with the decoding kernels built, a dense or no mask, the default expert
+    path, and a model shape the kernels take (head dim and ``d_model`` multiples of 16)."""
+    b, t, d = x_BTD.shape
+    return (
+        cache is not None
+        and b * t <= ops.ROWS_MAX
+        and not torch.is_grad_enabled()
+        and mask.block_mask is None
+        and dispatch in (None, "auto", "gather")
+        and x_BTD.dtype in ops.FUSED_DTYPES
+        and x_BTD.is_cpu
+        and not torch.is_autocast_enabled("cpu")
+        and d % 16 == 0
+        and cfg.dim_head % 16 == 0
+        and cfg.d_ff % 16 == 0
+        and kernels() is not None
+        and kernels().rows_kernels_available()
+        and kernels().router_linear_available()
+    )
 
 
 class MTPModule(nn.Module):
@@ -299,9 +461,17 @@ class Ernie5Model(nn.Module):
         routing: dict[int, RouterOutput] = {}
         aux = []
         n_exp = self.cfg.moe.n_experts
+        fused = fused_decode_ok(x_BTD, self.cfg, cache, ctx.mask, dispatch)
+        if fused:
+            shape = (b, t, self.cfg.dim_head // 2)
+            ctx.cos_f = ctx.cos.float().expand(shape).contiguous()
+            ctx.sin_f = ctx.sin.float().expand(shape).contiguous()
         for i in subnet.layers:
             mask_E = subnet.expert_mask(i, n_exp, device)
-            x_BTD, r = self.layers[i](x_BTD, ctx, i, subnet.top_k, mask_E, dispatch)
+            step = self.layers[i].forward_fused(x_BTD, ctx, i, subnet.top_k, mask_E) if fused else None
+            if step is None:
+                step = self.layers[i](x_BTD, ctx, i, subnet.top_k, mask_E, dispatch)
+            x_BTD, r = step
             if r is not None:
                 routing[i] = r
                 aux += [l for l in (r.aux_loss, r.z_loss) if l is not None]

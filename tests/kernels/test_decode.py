@@ -140,3 +140,118 @@ def test_expert_rows_rejects_bad_ids_and_shapes():
         k.expert_rows(torch.randn(1, 32), torch.tensor([[0]]), torch.ones(1, 1), w13, w2)
     with pytest.raises(RuntimeError, match="must both be"):
         k.expert_rows(torch.randn(1, 16), torch.tensor([[0, 1]]), torch.ones(1, 1), w13, w2)
+
+
+def _attention_fp64(q, k, v, allowed_B1TS, causal):
+    """SDPA in float64 with grouped-query heads; a row that sees no key gives zero."""
+    b, h, t, dh = q.shape
+    kh, s = k.shape[1], k.shape[2]
+    k, v = k.double().repeat_interleave(h // kh, 1), v.double().repeat_interleave(h // kh, 1)
+    scores = q.double() @ k.transpose(-1, -2) / dh**0.5
+    visible = torch.ones(b, 1, t, s, dtype=torch.bool)
+    if allowed_B1TS is not None:
+        visible = visible & allowed_B1TS
+    if causal:
+        visible = visible & torch.ones(t, s, dtype=torch.bool).tril(s - t)
+    p = scores.masked_fill(~visible, float("-inf")).softmax(-1).nan_to_num(0.0)
+    return p @ v
+
+
+def _cache_views(b, kh, s, dh, dtype, max_len=40):
+    """Keys and values as a KV cache holds them: the first ``s`` positions of a longer buffer."""
+    kbuf, vbuf = torch.randn(b, kh, max_len, dh).to(dtype), torch.randn(b, kh, max_len, dh).to(dtype)
+    return kbuf[:, :, :s], vbuf[:, :, :s]
+
+
+@needs_rows
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "b,t,h,kh,dh", [(1, 1, 8, 2, 32), (2, 1, 4, 4, 16), (1, 2, 4, 2, 64), (2, 2, 2, 1, 128)]
+)
+@pytest.mark.parametrize("masking", ["none", "causal", "dense"])
+def test_attend_rows_matches_fp64_attention(dtype, b, t, h, kh, dh, masking):
+    torch.manual_seed(b + t + h + dh)
+    s = 29
+    q = torch.randn(b, h, t, dh).to(dtype)
+    k, v = _cache_views(b, kh, s, dh, dtype)
+    allowed_B1TS = None
+    if masking == "dense":  # row 0 sees keys 3.., the others everything but some early keys
+        allowed_B1TS = torch.rand(b, 1, t, s) > 0.3
+        allowed_B1TS[..., -t:] = True
+        allowed_B1TS[0, :, :, :3] = False
+    got = ops.attend_rows(q, k, v, allowed_B1TS, masking == "causal")
+    assert got.shape == (b, h, t, dh) and got.dtype == dtype
+    assert got.transpose(1, 2).is_contiguous()  # the output projection reads it without a copy
+    ref = _attention_fp64(q, k, v, allowed_B1TS, masking == "causal")
+    # Values are O(1): fp32 within summation slack, bf16 within one rounding of the output.
+    tol = {torch.float32: dict(atol=2e-6, rtol=1e-5), torch.bfloat16: dict(atol=4e-3, rtol=8e-3)}[dtype]
+    torch.testing.assert_close(got.double(), ref, **tol)
+
+
+@needs_rows
+def test_attend_rows_row_independent_of_batch_threads_and_cache_length():
+    """A query's output depends only on the keys it sees: not on its batch, the thread count, or
+    how long the buffer behind the cache view is."""
+    torch.manual_seed(5)
+    q = torch.randn(2, 8, 1, 32).bfloat16()
+    k, v = _cache_views(2, 2, 300, 32, torch.bfloat16, max_len=512)  # enough work for every thread
+    together = ops.attend_rows(q, k, v, None, False)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [
+            ops.attend_rows(q[i : i + 1], k[i : i + 1].contiguous(), v[i : i + 1].contiguous(), None, False)
+            for i in range(2)
+        ]
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, torch.cat(alone))
+
+
+@needs_rows
+def test_attend_rows_gives_a_row_without_keys_zero_output():
+    q, k, v = torch.randn(1, 2, 1, 16), torch.randn(1, 1, 5, 16), torch.randn(1, 1, 5, 16)
+    none_allowed = torch.zeros(1, 1, 1, 5, dtype=torch.bool)
+    out = ops.attend_rows(q, k, v, none_allowed, False)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+@needs_rows
+def test_attend_rows_rejects_what_it_cannot_take():
+    kern = kernels()
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 5, 16)
+    nomask = torch.empty(0, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kern.attend_rows(
+            torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), nomask, False
+        )
+    with pytest.raises(RuntimeError, match="do not match"):
+        kern.attend_rows(torch.randn(1, 3, 1, 16), k, k, nomask, False)  # 3 heads over 2 kv heads
+    with pytest.raises(RuntimeError, match="one shape and layout"):
+        kern.attend_rows(q, k, torch.randn(1, 2, 6, 16), nomask, False)
+    with pytest.raises(RuntimeError, match="expected B\\*Tq\\*S"):
+        kern.attend_rows(q, k, k, torch.ones(1, 1, 1, 4, dtype=torch.bool), False)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        kern.attend_rows(q, k.bfloat16(), k.bfloat16(), nomask, False)
+
+
+@needs_rows
+def test_sdpa_takes_attend_rows_only_for_a_few_rows_without_gradients(monkeypatch):
+    from ernie5.model.attention import _sdpa
+    from ernie5.model.mask import AttnMask
+
+    calls = []
+    real = ops.attend_rows
+    monkeypatch.setattr(ops, "attend_rows", lambda *a: calls.append(1) or real(*a))
+    k, v, q1 = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 4, 1, 16)
+    with torch.no_grad():
+        one = _sdpa(q1, k, v, AttnMask())
+        assert calls == [1]
+        _sdpa(torch.randn(1, 4, 5, 16), k, v, AttnMask())  # 5 query rows: SDPA
+        assert calls == [1]
+    q = torch.randn(1, 4, 1, 16, requires_grad=True)
+    out = _sdpa(q, k, v, AttnMask())  # a gradient: SDPA
+    out.sum().backward()
+    assert calls == [1] and q.grad is not None
+    ref = F.scaled_dot_product_attention(q1, k, v, enable_gqa=True)
+    torch.testing.assert_close(one, ref, atol=2e-6, rtol=1e-5)
