@@ -134,10 +134,11 @@ def generate(
     done = [False] * b
     for step in range(max_new_tokens):
         tok = _pick(logits, temperature, gen)
+        picked = tok.tolist()
         for r in range(b):
             if done[r]:
                 continue
-            t = int(tok[r])
+            t = picked[r]
             if eos_id is not None and t == eos_id:
                 done[r] = True
                 continue

@@ -11,7 +11,8 @@
 //   expert_rows   y (M, D) = sum_a gate[m, a] * w2[e] (silu(g) * u)          e = ids[m, a],
 //                 [g; u] = w13[e] (2F, D) @ x[m]                             M * A <= 16
 //
-// Sums are fp32 (bf16 products are exact in fp32) in a fixed order that does not depend on M, the
+// Sums are fp32 (bf16 products are exact in fp32; AVX512-BF16 dot products where the CPU has them,
+// which flush denormals) in a fixed order that does not depend on M, the
 // thread count or where an output falls in a block, and each output is rounded once to the
 // storage type (nearest even). expert_rows rounds where the training kernels round: the up
 // projection h and the gated activation silu(g) * u * gate are stored in the token's dtype, the
@@ -77,13 +78,61 @@ void dot_rows(const T* __restrict x, const T* __restrict w, int64_t K, int64_t n
   }
 }
 
+#if defined(__AVX512BF16__)
+// bf16 x and w (K a multiple of 16): the same dot products by AVX512-BF16, 32 products per
+// instruction, each product exact in fp32 and added in a fixed order (k pairs in sequence; the
+// instruction flushes denormals). About 3x fewer instructions than widening to fp32 for the FMAs.
+// The outputs go in groups of R weight rows, so that a single token row still has R independent
+// sums in flight; every output's sum is the same whatever its group.
+inline __m512bh bf16_32(const uint16_t* p, bool half) {
+  return (__m512bh)(half ? _mm512_maskz_loadu_epi16(__mmask32(0xFFFF), p) : _mm512_loadu_si512(p));
+}
+
+template <int M, int R>
+inline void dot_group_bf16(const uint16_t* __restrict x, const uint16_t* __restrict wr, int64_t K, float* out,
+                           int64_t ldo) {
+  __m512 acc[M][R];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < R; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const bool half = k + 32 > K;  // K % 32 == 16: the last 16, upper lanes zero
+    __m512bh wv[R];
+    for (int j = 0; j < R; ++j) wv[j] = bf16_32(wr + j * K + k, half);
+    for (int m = 0; m < M; ++m) {
+      __m512bh xv = bf16_32(x + m * K + k, half);
+      for (int j = 0; j < R; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < R; ++j) out[m * ldo + j] = _mm512_reduce_add_ps(acc[m][j]);
+}
+
+template <int M>
+void dot_rows_bf16(const uint16_t* x, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  constexpr int R = M == 1 ? 8 : 4;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) dot_group_bf16<M, R>(x, w + n * K, K, out + n, ldo);
+  for (; n < n1; ++n) dot_group_bf16<M, 1>(x, w + n * K, K, out + n, ldo);
+}
+#endif
+
+// out[m * ldo + n] = x[m] . w[n] in fp32 for n in [n0, n1): the AVX512-BF16 products for bf16
+// where the CPU has them, else the fp32 FMA loop above.
+template <typename T, int M>
+inline void dot_rows_any(const T* x, const T* w, int64_t K, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, uint16_t>) return dot_rows_bf16<M>(x, w, K, n0, n1, out, ldo);
+#endif
+  dot_rows<T, M>(x, w, K, n0, n1, out, ldo);
+}
+
 template <typename T>
 void dot_rows_m(int64_t m, const T* x, const T* w, int64_t K, int64_t n0, int64_t n1, float* out, int64_t ldo) {
   switch (m) {
-    case 1: return dot_rows<T, 1>(x, w, K, n0, n1, out, ldo);
-    case 2: return dot_rows<T, 2>(x, w, K, n0, n1, out, ldo);
-    case 3: return dot_rows<T, 3>(x, w, K, n0, n1, out, ldo);
-    default: return dot_rows<T, 4>(x, w, K, n0, n1, out, ldo);
+    case 1: return dot_rows_any<T, 1>(x, w, K, n0, n1, out, ldo);
+    case 2: return dot_rows_any<T, 2>(x, w, K, n0, n1, out, ldo);
+    case 3: return dot_rows_any<T, 3>(x, w, K, n0, n1, out, ldo);
+    default: return dot_rows_any<T, 4>(x, w, K, n0, n1, out, ldo);
   }
 }
 
@@ -91,15 +140,18 @@ void dot_rows_m(int64_t m, const T* x, const T* w, int64_t K, int64_t n0, int64_
 // a few microseconds; the nano model's attention projections stay serial, its 4096-row head splits).
 constexpr int64_t kSerialElems = 1 << 17;
 
-template <typename T>
-void linear_rows_impl(const T* x, const T* w, T* y, int64_t m, int64_t n, int64_t k) {
+// y (m, n) in O: the fp32 sums rounded once (O = T), or kept (O = float, for fp32 logits).
+template <typename T, typename O>
+void linear_rows_impl(const T* x, const T* w, O* y, int64_t m, int64_t n, int64_t k) {
   // Outputs go to an fp32 scratch row block, then are rounded: the dot products never see T.
-  std::vector<float> acc(m * n);
+  std::vector<float> scratch(std::is_same_v<O, float> ? 0 : m * n);
+  float* acc = std::is_same_v<O, float> ? reinterpret_cast<float*>(y) : scratch.data();
   int64_t blocks = (n + 3) / 4, grain = std::max<int64_t>(1, kSerialElems / (4 * k));
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    dot_rows_m<T>(m, x, w, k, b0 * 4, std::min(n, b1 * 4), acc.data(), n);
+    dot_rows_m<T>(m, x, w, k, b0 * 4, std::min(n, b1 * 4), acc, n);
   });
-  for (int64_t i = 0; i < m * n; ++i) y[i] = from_f<T>(acc[i]);
+  if constexpr (!std::is_same_v<O, float>)
+    for (int64_t i = 0; i < m * n; ++i) y[i] = from_f<T>(acc[i]);
 }
 
 template <typename T>
@@ -125,7 +177,7 @@ void expert_rows_impl(const T* x, const int64_t* ids, const float* gates, const 
     int64_t blocks = (2 * f + 3) / 4, b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
     for (int64_t p = 0; p < pairs; ++p) {
       const T* we = w13 + ids[p] * 2 * f * d;
-      dot_rows<T, 1>(x + (p / a) * d, we, d, b0 * 4, std::min(2 * f, b1 * 4), hf.data() + p * 2 * f, 0);
+      dot_rows_any<T, 1>(x + (p / a) * d, we, d, b0 * 4, std::min(2 * f, b1 * 4), hf.data() + p * 2 * f, 0);
     }
 #if defined(_OPENMP)
 #pragma omp barrier
@@ -133,6 +185,7 @@ void expert_rows_impl(const T* x, const int64_t* ids, const float* gates, const 
     // The gated activation, from h rounded as the training kernels store it.
     for (int64_t p = t; p < pairs; p += nt) {
       float gate = to_f(from_f<T>(gates[p]));  // the gate in the token's dtype, as the MoE layer casts it
+#pragma omp simd
       for (int64_t i = 0; i < f; ++i) {
         float g = to_f(from_f<T>(hf[p * 2 * f + i])), u = to_f(from_f<T>(hf[p * 2 * f + f + i]));
         act[p * f + i] = from_f<T>(g / (1.f + exp_f(-g)) * u * gate);
@@ -148,7 +201,7 @@ void expert_rows_impl(const T* x, const int64_t* ids, const float* gates, const 
       for (int64_t j = 0; j < a; ++j) {
         int64_t p = r * a + j;
         const T* we = w2 + ids[p] * d * f;
-        dot_rows<T, 1>(act.data() + p * f, we, f, d0, d1, part.data(), 0);
+        dot_rows_any<T, 1>(act.data() + p * f, we, f, d0, d1, part.data(), 0);
         for (int64_t i = d0; i < d1; ++i) yf[r * d + i] = j ? yf[r * d + i] + part[i] : part[i];
       }
     }
@@ -158,55 +211,64 @@ void expert_rows_impl(const T* x, const int64_t* ids, const float* gates, const 
 
 
 // One query row per (b, h, t): scores against the visible keys in fp32 (q widened exactly, one FMA
-// chain of 16 lanes per key, reduced), exact softmax, the weighted sum of values in fp32, rounded
-// once. A key j < s is visible when the mask (B, Tq, S) allows it (no mask: all; causal: j <= t +
-// s - Tq). A row sees no key only where the caller's mask says so: its output is zero.
-template <typename T>
+// chain of 16 lanes per key, reduced), an exact softmax (exp512 on 16 scores at a time), the
+// weighted sum of values in fp32, rounded once. A key j < s is visible when the mask (B, Tq, S)
+// allows it (no mask: all; causal: j <= t + s - Tq). A row that sees no key (only where the
+// caller's mask says so) gets zeros.
+template <typename T, int NV>  // NV = Dh / 16 vectors per row, kept in registers
 void attend_impl(const T* q, int64_t qsb, int64_t qsh, int64_t qst, const T* k, const T* v, int64_t ksb, int64_t ksh,
                  int64_t kss, const bool* mask, bool causal, T* o, int64_t b, int64_t h, int64_t kh, int64_t tq,
-                 int64_t s, int64_t dh) {
+                 int64_t s) {
+  constexpr int64_t dh = NV * 16;
   const float scale = 1.f / std::sqrt(static_cast<float>(dh));
-  const int64_t rows = b * h * tq, group = h / kh;
+  const int64_t rows = b * h * tq, group = h / kh, s16 = (s + 15) / 16 * 16;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, s * dh));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<float> qf(dh), sc(s), acc(dh);
+    std::vector<float> sc(s16);
     for (int64_t r = r0; r < r1; ++r) {
       int64_t bi = r / (h * tq), hi = (r / tq) % h, ti = r % tq, ki = hi / group;
       const T* qr = q + bi * qsb + hi * qsh + ti * qst;
-      for (int64_t j = 0; j < dh; ++j) qf[j] = to_f(qr[j]) * scale;
+      __m512 qv[NV];
+      for (int c = 0; c < NV; ++c) qv[c] = _mm512_mul_ps(load16(qr + 16 * c), _mm512_set1_ps(scale));
       const T* kb = k + bi * ksb + ki * ksh;
       const T* vb = v + bi * ksb + ki * ksh;
       const bool* mr = mask ? mask + (bi * tq + ti) * s : nullptr;
-      int64_t visible_end = causal ? std::min(s, ti + s - tq + 1) : s;
+      const int64_t end = causal ? std::min(s, ti + s - tq + 1) : s, end16 = (end + 15) / 16 * 16;
       float mx = -INFINITY;
-      for (int64_t j = 0; j < visible_end; ++j) {
+      for (int64_t j = 0; j < end; ++j) {
         if (mr && !mr[j]) {
           sc[j] = -INFINITY;
           continue;
         }
         const T* kr = kb + j * kss;
-        __m512 a = _mm512_setzero_ps();
-        for (int64_t d = 0; d < dh; d += 16) a = _mm512_fmadd_ps(load16(qf.data() + d), load16(kr + d), a);
+        __m512 a = _mm512_mul_ps(qv[0], load16(kr));
+        for (int c = 1; c < NV; ++c) a = _mm512_fmadd_ps(qv[c], load16(kr + 16 * c), a);
         sc[j] = _mm512_reduce_add_ps(a);
         mx = std::max(mx, sc[j]);
       }
       T* orow = o + ((bi * tq + ti) * h + hi) * dh;
-      if (mx == -INFINITY) {  // no visible key
+      if (mx == -INFINITY) {
         for (int64_t d = 0; d < dh; ++d) orow[d] = from_f<T>(0.f);
         continue;
       }
-      float sum = 0.f;
-      for (int64_t d = 0; d < dh; ++d) acc[d] = 0.f;
-      for (int64_t j = 0; j < visible_end; ++j) {
-        if (sc[j] == -INFINITY) continue;
-        float p = exp_f(sc[j] - mx);
-        sum += p;
-        const __m512 pv = _mm512_set1_ps(p);
-        const T* vr = vb + j * kss;
-        for (int64_t d = 0; d < dh; d += 16) store16(acc.data() + d, _mm512_fmadd_ps(pv, load16(vr + d), load16(acc.data() + d)));
+      for (int64_t j = end; j < end16; ++j) sc[j] = -INFINITY;
+      const __m512 mxv = _mm512_set1_ps(mx);
+      __m512 sumv = _mm512_setzero_ps();
+      for (int64_t j = 0; j < end16; j += 16) {  // p = exp(score - max); masked keys: exp(-inf) = 0
+        __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc.data() + j), mxv));
+        _mm512_storeu_ps(sc.data() + j, p);
+        sumv = _mm512_add_ps(sumv, p);
       }
-      const float inv = 1.f / sum;
-      for (int64_t d = 0; d < dh; ++d) orow[d] = from_f<T>(acc[d] * inv);
+      __m512 acc[NV];
+      for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < end; ++j) {
+        if (sc[j] == 0.f) continue;  // a masked key: nothing from its value, whatever it holds
+        const __m512 pv = _mm512_set1_ps(sc[j]);
+        const T* vr = vb + j * kss;
+        for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(pv, load16(vr + 16 * c), acc[c]);
+      }
+      const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sumv));
+      for (int c = 0; c < NV; ++c) store16(orow + 16 * c, _mm512_mul_ps(acc[c], inv));
     }
   });
 }
@@ -215,7 +277,9 @@ void attend_impl(const T* q, int64_t qsb, int64_t qsh, int64_t qst, const T* k, 
 
 bool rows_kernels_available() { return true; }
 
-torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
+namespace {
+
+torch::Tensor linear_rows_to(torch::Tensor x, torch::Tensor w, bool fp32_out) {
   auto dt = x.scalar_type();
   check(x, "x", dt);
   check(w, "weight", dt);
@@ -224,15 +288,23 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
   int64_t m = x.size(0), n = w.size(0), k = x.size(1);
   TORCH_CHECK(m >= 1 && m <= 4 && k % 16 == 0, "linear_rows: needs 1-4 rows and in_features % 16 == 0, got ", m,
               " and ", k);
-  auto y = torch::empty({m, n}, x.options());
-  if (dt == torch::kBFloat16)
+  TORCH_CHECK(dt == torch::kBFloat16 || dt == torch::kFloat, "linear_rows: x must be bf16 or fp32, got ", dt);
+  auto y = torch::empty({m, n}, x.options().dtype(fp32_out ? torch::kFloat : dt));
+  if (dt == torch::kBFloat16 && fp32_out)
+    linear_rows_impl(ptr<uint16_t>(x), ptr<uint16_t>(w), ptr<float>(y), m, n, k);
+  else if (dt == torch::kBFloat16)
     linear_rows_impl(ptr<uint16_t>(x), ptr<uint16_t>(w), ptr<uint16_t>(y), m, n, k);
-  else if (dt == torch::kFloat)
-    linear_rows_impl(ptr<float>(x), ptr<float>(w), ptr<float>(y), m, n, k);
   else
-    TORCH_CHECK(false, "linear_rows: x must be bf16 or fp32, got ", dt);
+    linear_rows_impl(ptr<float>(x), ptr<float>(w), ptr<float>(y), m, n, k);
   return y;
 }
+
+}  // namespace
+
+torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) { return linear_rows_to(x, w, false); }
+
+// linear_rows with the fp32 sums returned unrounded (the router's logits of a decoding step).
+torch::Tensor linear_rows_fp32(torch::Tensor x, torch::Tensor w) { return linear_rows_to(x, w, true); }
 
 torch::Tensor expert_rows(torch::Tensor x, torch::Tensor ids, torch::Tensor gates, torch::Tensor w13,
                           torch::Tensor w2) {
@@ -276,7 +348,7 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
   int64_t b = q.size(0), h = q.size(1), tq = q.size(2), dh = q.size(3), kh = k.size(1), s = k.size(2);
   TORCH_CHECK(k.size(0) == b && k.size(3) == dh && kh > 0 && h % kh == 0 && s >= tq,
               "attend_rows: q ", q.sizes(), " and k ", k.sizes(), " do not match");
-  TORCH_CHECK(dh % 16 == 0, "attend_rows: needs a head dim that is a multiple of 16, got ", dh);
+  TORCH_CHECK(dh % 16 == 0 && dh <= 128, "attend_rows: needs a head dim that is a multiple of 16 up to 128, got ", dh);
   for (const auto* t : {&q, &k, &v}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == dt, "attend_rows: q, k and v must be CPU tensors of one dtype");
     TORCH_CHECK(t->stride(3) == 1, "attend_rows: the head dim must be contiguous");
@@ -291,8 +363,21 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
   auto o = torch::empty({b, tq, h, dh}, q.options());
   auto run = [&](auto* qp) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
-    attend_impl<T>(qp, q.stride(0), q.stride(1), q.stride(2), ptr<T>(k), ptr<T>(v), k.stride(0), k.stride(1),
-                   k.stride(2), mp, causal, ptr<T>(o), b, h, kh, tq, s, dh);
+    auto go = [&](auto nv) {
+      attend_impl<T, decltype(nv)::value>(qp, q.stride(0), q.stride(1), q.stride(2), ptr<T>(k), ptr<T>(v),
+                                          k.stride(0), k.stride(1), k.stride(2), mp, causal, ptr<T>(o), b, h, kh, tq,
+                                          s);
+    };
+    switch (dh / 16) {
+      case 1: return go(std::integral_constant<int, 1>{});
+      case 2: return go(std::integral_constant<int, 2>{});
+      case 3: return go(std::integral_constant<int, 3>{});
+      case 4: return go(std::integral_constant<int, 4>{});
+      case 5: return go(std::integral_constant<int, 5>{});
+      case 6: return go(std::integral_constant<int, 6>{});
+      case 7: return go(std::integral_constant<int, 7>{});
+      default: return go(std::integral_constant<int, 8>{});
+    }
   };
   if (dt == torch::kBFloat16)
     run(ptr<uint16_t>(q));
@@ -305,6 +390,7 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
 
 bool rows_kernels_available() { return false; }
 torch::Tensor linear_rows(torch::Tensor, torch::Tensor) { TORCH_CHECK(false, "linear_rows needs AVX-512F"); }
+torch::Tensor linear_rows_fp32(torch::Tensor, torch::Tensor) { TORCH_CHECK(false, "linear_rows needs AVX-512F"); }
 torch::Tensor expert_rows(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor) {
   TORCH_CHECK(false, "expert_rows needs AVX-512F");
 }

@@ -78,11 +78,13 @@ def experts_rows_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torc
 def attend_rows_fusable(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
     """Whether ``attend_rows`` (few-query attention of ``cpu_decode.cpp``) can take these: at most
     :data:`ROWS_MAX` query rows (``B * Tq``), no gradient needed, :func:`fusable`, a head dim that
-    is a multiple of 16, keys and values of one layout with a contiguous head dim (KV-cache views)."""
+    is a multiple of 16 up to 128, keys and values of one layout with a contiguous head dim
+    (KV-cache views)."""
     b, h, t, dh = q_BHTD.shape
     return (
         b * t <= ROWS_MAX
         and dh % 16 == 0
+        and dh <= 128
         and not _needs_grad(q_BHTD, k_BKSD, v_BKSD)
         and fusable(q_BHTD, k_BKSD, v_BKSD)
         and k_BKSD.shape == v_BKSD.shape

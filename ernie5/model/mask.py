@@ -58,6 +58,11 @@ def allowed(
     return same_doc & (blk_q_BT[:, :, None] >= blk_k_BS[:, None, :])
 
 
+SMALL_QUERY_ROWS = 4
+"""Up to this many queries per row after a cache, :func:`build_mask` builds the dense mask first
+and tests it (five small ops rather than the dozen of the fast-path tests)."""
+
+
 def _is_single_doc(doc_BT: torch.Tensor) -> bool:
     return bool((doc_BT == doc_BT[:, :1]).all())
 
@@ -76,6 +81,9 @@ def build_mask(
     tq, tk = doc_q_BT.shape[1], doc_k_BS.shape[1]
     if impl == "flex":
         return AttnMask(block_mask=_flex_block_mask(doc_q_BT, blk_q_BT, doc_k_BS, blk_k_BS))
+    if tq <= SMALL_QUERY_ROWS and tq < tk:  # a decoding step over a cache: the dense mask is small
+        dense_BTS = allowed(doc_q_BT, blk_q_BT, doc_k_BS, blk_k_BS)
+        return AttnMask() if bool(dense_BTS.all()) else AttnMask(dense_B1TS=dense_BTS[:, None])
     single = _is_single_doc(doc_k_BS) and bool((doc_q_BT == doc_k_BS[:, :1]).all())
     if single:
         q_before_all_keys = bool((blk_q_BT.min(dim=1).values >= blk_k_BS.max(dim=1).values).all())

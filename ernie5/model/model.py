@@ -255,7 +255,8 @@ def fused_decode_ok(
     """Whether this forward is a decoding step that :meth:`Block.forward_fused` can run: a KV cache,
     at most :data:`~ernie5.kernels.ops.ROWS_MAX` token rows, nothing to differentiate, no autocast,
     on CPU in bf16 or fp32 with the decoding kernels built, a dense or no mask, the default expert
-    path, and a model shape the kernels take (head dim and ``d_model`` multiples of 16)."""
+    path, and a model shape the kernels take (head dim and ``d_model`` multiples of 16, head dim
+    at most 128)."""
     b, t, d = x_BTD.shape
     return (
         cache is not None
@@ -268,6 +269,7 @@ def fused_decode_ok(
         and not torch.is_autocast_enabled("cpu")
         and d % 16 == 0
         and cfg.dim_head % 16 == 0
+        and cfg.dim_head <= 128
         and cfg.d_ff % 16 == 0
         and kernels() is not None
         and kernels().rows_kernels_available()

@@ -46,7 +46,9 @@ def rope_cos_sin(
     Returns:
         ``(cos_BTP, sin_BTP)`` in fp32.
     """
-    if (pos_3BT[0] == pos_3BT[1]).all() and (pos_3BT[0] == pos_3BT[2]).all():
+    # An expanded (B, T) tensor (stride 0 over the axes: text positions, a decoding step's) has
+    # equal axes without comparing them.
+    if pos_3BT.stride(0) == 0 or ((pos_3BT[0] == pos_3BT[1]).all() and (pos_3BT[0] == pos_3BT[2]).all()):
         angles_BTP = pos_3BT[0].float()[..., None] * inv_freq
     else:
         axis_P = torch.repeat_interleave(

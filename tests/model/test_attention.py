@@ -55,6 +55,25 @@ def test_mask_fast_paths():
     assert build_mask(two_docs, t, two_docs, t).dense_B1TS is not None
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_mask_of_a_few_queries_over_a_cache_is_the_predicate(seed):
+    """The small-query path (dense mask first, dropped when it allows everything) against the
+    predicate, for padded rows, several documents and multi-token blocks."""
+    g = torch.Generator().manual_seed(seed)
+    b, s = 2, 9
+    for tq in (1, 2, 4):
+        doc_k = torch.randint(-1, 2, (b, s), generator=g).sort(dim=1).values
+        if seed % 2:
+            doc_k.zero_()  # one document: everything visible
+        blk_k = torch.arange(s).expand(b, s) // (1 + seed % 3)
+        doc_q, blk_q = doc_k[:, -tq:], blk_k[:, -tq:]
+        m = build_mask(doc_q, blk_q, doc_k, blk_k)
+        expected = allowed(doc_q, blk_q, doc_k, blk_k)[:, None]
+        got = m.dense_B1TS if m.dense_B1TS is not None else torch.ones_like(expected)
+        assert not m.is_causal and torch.equal(got, expected)
+        assert (m.dense_B1TS is None) == bool(expected.all())
+
+
 def test_block_bidirectional_inside_block_in_the_model():
     m = _model()
     x = torch.randint(0, 64, (1, 8))
@@ -140,6 +159,9 @@ def test_uni_rope_equals_1d_rope_for_text():
     angles = torch.arange(9).float()[:, None] * inv
     assert torch.allclose(cos[0], angles.cos()) and torch.allclose(sin[0], angles.sin())
     assert torch.equal(cos, cos3) and torch.equal(sin, sin3)
+    # the expanded positions (stride 0 over the axes) skip the equal-axes test: same tables
+    assert pos.stride(0) == 0
+    assert all(torch.equal(a, b) for a, b in zip(rope_cos_sin(pos.contiguous(), inv, (4, 2, 2)), (cos, sin)))
 
 
 def test_uni_rope_uses_each_axis_for_its_section():
