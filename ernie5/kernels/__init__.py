@@ -11,7 +11,10 @@ batched expert GEMMs without their padding (``cpu_expert_gemm.cpp``, bf16 with A
 MoE layer runs them, with the gated activation, as one forward and one backward pass over whole
 experts), the gated SwiGLU activation of the batched experts, the cross-entropy rows of the
 output head (log-sum-exp, NLL and the logit gradient in place), each with its backward where it
-has one, and the mixed-precision AdamW step (``train.precision``).
+has one, and the mixed-precision AdamW step (``train.precision``). ``cpu_decode.cpp`` holds what a
+decoding step runs for its few token rows: products reading the weights in place, the experts of
+the gather path, attention over the KV cache, and (with the kernels above) a whole block in one
+call (``decode_layer``, see :meth:`ernie5.model.model.Block.forward_fused`).
 Measured here at the nano shape in bf16 (forward + backward): RMSNorm over ``(8, 256, 256)`` 1.6
 -> 0.3 ms, the attention prologue 3.7 -> 1.0 ms, the MoE activation ~2.7 -> 1.1 ms per layer, the
 MoE gathers and combines 1.1 -> 0.4 ms per layer, the cross-entropy rows of ``(2048, 4096)``

@@ -28,9 +28,9 @@
 //
 // At one query, PyTorch's SDPA costs ~35 us a call on the nano shape (96 keys of 2 heads of 32),
 // for some 50 K multiply-adds; attend_rows keeps one query row's scores in fp32, an exact softmax
-// (exp_f) and one rounding per output. decode_layer exists because the per-module path runs some
-// 60 PyTorch and kernel calls per layer, each 1-2 us of Python and dispatch here: about 2 of the
-// 3 ms the nano model took per decoded token, against ~0.5 ms of arithmetic.
+// (exp512, 16 scores at a time) and one rounding per output: ~5 us. decode_layer exists because
+// the per-module path runs some 60 PyTorch and kernel calls per layer, each 1-2 us of Python and
+// dispatch here: about 2 of the 3 ms the nano model took per decoded token in bf16 (now ~0.9 ms).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -339,14 +339,17 @@ torch::Tensor expert_rows(torch::Tensor x, torch::Tensor ids, torch::Tensor gate
 }
 
 
-torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, bool causal) {
+// attend_rows over the first s positions of k and v (B, K, >= s, Dh), e.g. whole KV-cache buffers;
+// returns (B, Tq, H, Dh).
+torch::Tensor attend_rows_keys(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t s,
+                               const torch::Tensor& mask, bool causal) {
   auto dt = q.scalar_type();
   TORCH_CHECK(dt == torch::kBFloat16 || dt == torch::kFloat, "attend_rows: q must be bf16 or fp32, got ", dt);
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attend_rows: q (B, H, Tq, Dh), k and v (B, K, S, Dh)");
   TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides(), "attend_rows: k ", k.sizes(), " and v ", v.sizes(),
               " must have one shape and layout");
-  int64_t b = q.size(0), h = q.size(1), tq = q.size(2), dh = q.size(3), kh = k.size(1), s = k.size(2);
-  TORCH_CHECK(k.size(0) == b && k.size(3) == dh && kh > 0 && h % kh == 0 && s >= tq,
+  int64_t b = q.size(0), h = q.size(1), tq = q.size(2), dh = q.size(3), kh = k.size(1);
+  TORCH_CHECK(k.size(0) == b && k.size(3) == dh && kh > 0 && h % kh == 0 && s >= tq && s <= k.size(2),
               "attend_rows: q ", q.sizes(), " and k ", k.sizes(), " do not match");
   TORCH_CHECK(dh % 16 == 0 && dh <= 128, "attend_rows: needs a head dim that is a multiple of 16 up to 128, got ", dh);
   for (const auto* t : {&q, &k, &v}) {
@@ -383,7 +386,12 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
     run(ptr<uint16_t>(q));
   else
     run(ptr<float>(q));
-  return o.permute({0, 2, 1, 3});  // (B, H, Tq, Dh) over (B, Tq, H, Dh) memory
+  return o;
+}
+
+torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, bool causal) {
+  TORCH_CHECK(k.dim() == 4, "attend_rows: q (B, H, Tq, Dh), k and v (B, K, S, Dh)");
+  return attend_rows_keys(q, k, v, k.size(2), mask, causal).permute({0, 2, 1, 3});  // (B, H, Tq, Dh) view
 }
 
 #else  // no AVX-512F: the callers use PyTorch
@@ -396,6 +404,10 @@ torch::Tensor expert_rows(torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
 }
 
 torch::Tensor attend_rows(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, bool) {
+  TORCH_CHECK(false, "attend_rows needs AVX-512F");
+}
+torch::Tensor attend_rows_keys(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t,
+                               const torch::Tensor&, bool) {
   TORCH_CHECK(false, "attend_rows needs AVX-512F");
 }
 

@@ -726,7 +726,7 @@ std::vector<torch::Tensor> route_topk_fwd(torch::Tensor logits, torch::Tensor bi
       }
     }
   });
-  return {ids, gates, hist.sum(0)};
+  return {ids, gates, nthreads == 1 ? hist.view({e}) : hist.sum(0)};
 }
 
 torch::Tensor route_topk_bwd(torch::Tensor logits, torch::Tensor mask, torch::Tensor ids, torch::Tensor dgates,
@@ -1358,8 +1358,39 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w);
 torch::Tensor expert_rows(torch::Tensor x, torch::Tensor ids, torch::Tensor gates, torch::Tensor w13,
                           torch::Tensor w2);
 torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, bool causal);
+torch::Tensor attend_rows_keys(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t s,
+                               const torch::Tensor& mask, bool causal);
 
 namespace {
+
+// a + b rounded once to the storage type, as PyTorch adds bf16 or fp32 tensors (a few rows: no
+// dispatch through TensorIterator).
+torch::Tensor add_rows(const torch::Tensor& a, const torch::Tensor& b) {
+  auto out = torch::empty_like(a);
+  int64_t n = a.numel();
+  auto run = [&](auto* ap) {
+    using T = std::remove_pointer_t<decltype(ap)>;
+    const T* bp = ptr<T>(b);
+    T* op = ptr<T>(out);
+    for (int64_t i = 0; i < n; ++i) op[i] = from_f<T>(to_f(ap[i]) + to_f(bp[i]));
+  };
+  if (a.scalar_type() == torch::kBFloat16)
+    run(ptr<uint16_t>(a));
+  else
+    run(ptr<float>(a));
+  return out;
+}
+
+// The new keys or values (B, K, T, Dh), contiguous, into the cache buffer (B, K, max_len, Dh) at
+// positions [start, start + T).
+void write_cache(torch::Tensor& cache, const torch::Tensor& fresh, int64_t start) {
+  int64_t b = cache.size(0), kh = cache.size(1), len = cache.size(2), dh = cache.size(3), t = fresh.size(2);
+  auto* dst = static_cast<char*>(cache.data_ptr());
+  const auto* src = static_cast<const char*>(fresh.data_ptr());
+  const int64_t es = cache.element_size();
+  for (int64_t i = 0; i < b * kh; ++i)
+    std::memcpy(dst + (i * len + start) * dh * es, src + i * t * dh * es, t * dh * es);
+}
 
 // SwiGLU of a few rows, as ernie5.model.moe.SwiGLU runs them: w2(silu(g) * u), [g; u] = w13 x.
 torch::Tensor swiglu_rows(const torch::Tensor& x, const torch::Tensor& w13, const torch::Tensor& w2) {
@@ -1402,26 +1433,25 @@ std::vector<torch::Tensor> decode_layer(torch::Tensor x, torch::Tensor cos, torc
   auto h = rms_norm_fwd(x, attn_norm_w, attn_eps)[0];
   auto qkv = linear_rows(h.view({m, d}), wqkv).view({b, t, n_heads + 2 * n_kv_heads, dh});
   auto qkv_parts = qk_norm_rope_fwd(qkv, qw, kw, cos, sin, n_heads, n_kv_heads, qk_eps);
-  auto keys = k_cache.narrow(2, 0, end), values = v_cache.narrow(2, 0, end);
-  keys.narrow(2, start, t).copy_(qkv_parts[1]);
-  values.narrow(2, start, t).copy_(qkv_parts[2]);
-  auto o = attend_rows(qkv_parts[0], keys, values, mask, causal);  // memory (B, T, H, Dh)
-  auto x1 = x_md + linear_rows(o.permute({0, 2, 1, 3}).reshape({m, n_heads * dh}), wo);
+  write_cache(k_cache, qkv_parts[1], start);
+  write_cache(v_cache, qkv_parts[2], start);
+  auto o = attend_rows_keys(qkv_parts[0], k_cache, v_cache, end, mask, causal);  // (B, T, H, Dh)
+  auto x1 = add_rows(x_md, linear_rows(o.view({m, n_heads * dh}), wo));
   // FFN.
   auto h2 = rms_norm_fwd(x1, ffn_norm_w, ffn_eps)[0];
   if (router_w.numel() == 0) {
-    auto out = x1 + swiglu_rows(h2, s_w13, s_w2);
+    auto out = add_rows(x1, swiglu_rows(h2, s_w13, s_w2));
     auto none = torch::empty({0}, x.options());
     return {out.view({b, t, d}), none, none, none};
   }
   // fp32 logits, as ernie5.model.moe.route computes them: the router kernel where it takes the shape.
   auto logits = router_shape_ok(d, router_w.size(0)) ? router_logits_fwd(h2, router_w)
                                                       : at::linear(h2.to(torch::kFloat), router_w.to(torch::kFloat));
-  auto routed = route_topk_fwd(logits, router_bias.to(torch::kFloat).contiguous(), expert_mask, top_k, sigmoid,
+  auto routed = route_topk_fwd(logits, (router_bias.scalar_type() == torch::kFloat ? router_bias : router_bias.to(torch::kFloat)), expert_mask, top_k, sigmoid,
                                norm_topk, route_scale);
   auto y = expert_rows(h2, routed[0], routed[1], w13, w2);
-  if (s_w13.numel() > 0) y = y + swiglu_rows(h2, s_w13, s_w2);
-  return {(x1 + y).view({b, t, d}), routed[0], routed[1], routed[2]};
+  if (s_w13.numel() > 0) y = add_rows(y, swiglu_rows(h2, s_w13, s_w2));
+  return {add_rows(x1, y).view({b, t, d}), routed[0], routed[1], routed[2]};
 }
 std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
                                     bool allow_amx);

@@ -163,9 +163,10 @@ class Block(nn.Module):
         """The layer's half of ``decode_layer``'s arguments (weights, eps, routing settings, head
         counts), or None where the kernel does not take the layer in ``dtype``.
 
-        Built once and kept with the parameter objects it was built from; every call checks, by
-        dictionary lookups, that those are still the layer's parameters and in ``dtype`` (``.to()``
-        keeps the objects and changes their data; assigning a new parameter rebuilds)."""
+        Built once and kept with the submodules, parameters and buffers it was built from; every
+        call checks, by dictionary lookups, that those are still the layer's and its parameters in
+        ``dtype`` (``.to()`` keeps parameter objects and changes their data; assigning a new
+        module, parameter or buffer rebuilds)."""
         plan = self._fused_plan
         if plan is not None:
             for owner, name, t, typed in plan[0]:
@@ -175,7 +176,7 @@ class Block(nn.Module):
                 return plan[1]
         owned, args = _fused_plan(self)
         ok = _fused_shapes_ok(self) and all(
-            t.is_cpu and (t.dtype == dtype or not typed) for _, _, t, typed in owned
+            not typed or (t.is_cpu and t.dtype == dtype) for _, _, t, typed in owned
         )
         self._fused_plan = (owned, args if ok else None)
         return self._fused_plan[1]
@@ -186,11 +187,16 @@ _NO_BOOL = torch.empty(0, dtype=torch.bool)
 
 
 def _fused_plan(block: Block) -> tuple[list, tuple]:
-    """``([(owner dict, name, tensor, in x's dtype?) ...], decode_layer's weight arguments)``: the
-    owner dicts are the modules' ``_parameters`` and ``_buffers``, where ``.to()`` and assignment
-    put new tensors."""
-    attn, ffn = block.attn, block.ffn
+    """``([(owner dict, name, object, in x's dtype?) ...], decode_layer's weight arguments)``: every
+    submodule, parameter and buffer the arguments come from, with the ``_modules``,
+    ``_parameters`` or ``_buffers`` dict that holds it (where assignment and ``.to()`` put new
+    ones)."""
     owned: list = []
+
+    def sub(module: nn.Module, name: str) -> nn.Module | None:
+        child = module._modules.get(name)
+        owned.append((module._modules, name, child, False))
+        return child
 
     def param(module: nn.Module | None, name: str = "weight") -> torch.Tensor:
         if module is None:
@@ -207,12 +213,14 @@ def _fused_plan(block: Block) -> tuple[list, tuple]:
     def eps(norm: RMSNorm) -> float:
         return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps  # dtype: checked
 
+    attn, ffn, attn_norm, ffn_norm = (sub(block, n) for n in ("attn", "ffn", "attn_norm", "ffn_norm"))
+    q_norm, k_norm = sub(attn, "q_norm"), sub(attn, "k_norm")
     moe = isinstance(ffn, MoE)
-    shared = ffn.shared if moe else ffn
+    shared = sub(ffn, "shared") if moe else ffn
     if moe:
         c = ffn.cfg
         routed = (
-            param(ffn.router),
+            param(sub(ffn, "router")),
             buffer(ffn, "router_bias"),
             c.score_func == "sigmoid",
             c.norm_topk,
@@ -222,19 +230,19 @@ def _fused_plan(block: Block) -> tuple[list, tuple]:
     else:
         routed, experts = (_EMPTY, _EMPTY, False, False, 1.0), (_EMPTY, _EMPTY)
     args = (
-        param(block.attn_norm),
-        eps(block.attn_norm),
-        param(attn.wqkv),
-        param(attn.q_norm),
-        param(attn.k_norm),
-        eps(attn.q_norm) if attn.q_norm is not None else 0.0,
-        param(attn.wo),
-        param(block.ffn_norm),
-        eps(block.ffn_norm),
+        param(attn_norm),
+        eps(attn_norm),
+        param(sub(attn, "wqkv")),
+        param(q_norm),
+        param(k_norm),
+        eps(q_norm) if q_norm is not None else 0.0,
+        param(sub(attn, "wo")),
+        param(ffn_norm),
+        eps(ffn_norm),
         *routed,
         *experts,
-        param(shared.w13 if shared is not None else None),
-        param(shared.w2 if shared is not None else None),
+        param(sub(shared, "w13") if shared is not None else None),
+        param(sub(shared, "w2") if shared is not None else None),
         attn.n_heads,
         attn.n_kv_heads,
     )
@@ -258,22 +266,21 @@ def fused_decode_ok(
     path, and a model shape the kernels take (head dim and ``d_model`` multiples of 16, head dim
     at most 128)."""
     b, t, d = x_BTD.shape
+    if cache is None or b * t > ops.ROWS_MAX or torch.is_grad_enabled() or not x_BTD.is_cpu:
+        return False
+    kern = kernels()
     return (
-        cache is not None
-        and b * t <= ops.ROWS_MAX
-        and not torch.is_grad_enabled()
+        kern is not None
         and mask.block_mask is None
         and dispatch in (None, "auto", "gather")
         and x_BTD.dtype in ops.FUSED_DTYPES
-        and x_BTD.is_cpu
         and not torch.is_autocast_enabled("cpu")
         and d % 16 == 0
         and cfg.dim_head % 16 == 0
         and cfg.dim_head <= 128
         and cfg.d_ff % 16 == 0
-        and kernels() is not None
-        and kernels().rows_kernels_available()
-        and kernels().router_linear_available()
+        and kern.rows_kernels_available()
+        and kern.router_linear_available()
     )
 
 
@@ -468,11 +475,12 @@ class Ernie5Model(nn.Module):
             shape = (b, t, self.cfg.dim_head // 2)
             ctx.cos_f = ctx.cos.float().expand(shape).contiguous()
             ctx.sin_f = ctx.sin.float().expand(shape).contiguous()
+        blocks = list(self.layers)  # one list, not a ModuleList lookup per layer
         for i in subnet.layers:
             mask_E = subnet.expert_mask(i, n_exp, device)
-            step = self.layers[i].forward_fused(x_BTD, ctx, i, subnet.top_k, mask_E) if fused else None
+            step = blocks[i].forward_fused(x_BTD, ctx, i, subnet.top_k, mask_E) if fused else None
             if step is None:
-                step = self.layers[i](x_BTD, ctx, i, subnet.top_k, mask_E, dispatch)
+                step = blocks[i](x_BTD, ctx, i, subnet.top_k, mask_E, dispatch)
             x_BTD, r = step
             if r is not None:
                 routing[i] = r

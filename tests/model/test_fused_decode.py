@@ -10,6 +10,7 @@ from torch import nn
 import ernie5.model.model as model_mod
 from ernie5.kernels import kernels
 from ernie5.model.elastic import resolve
+from ernie5.model.linear import Linear
 from ernie5.model.model import Ernie5Model
 from tests.conftest import tiny_config
 
@@ -166,13 +167,15 @@ def test_fused_path_only_where_it_applies(counting):
 
 
 def test_fused_layers_follow_the_parameters(monkeypatch, counting):
-    """The layers keep their kernel arguments between steps; a new parameter, a new dtype or new
-    values in place must all show."""
+    """The layers keep their kernel arguments between steps; a new module, a new parameter, a new
+    dtype or new values in place must all show."""
     torch.manual_seed(2)
     m = Ernie5Model(_config()).eval()
     _one_step(m)  # the arguments are built
     blk = m.layers[1]
     blk.attn.wo.weight = nn.Parameter(torch.randn_like(blk.attn.wo.weight))
+    m.layers[2].attn.wqkv = Linear(m.cfg.d_model, m.layers[2].attn.wqkv.out_features)  # a new module
+    m.layers[3].ffn.router = nn.Linear(m.cfg.d_model, m.cfg.moe.n_experts, bias=False)
     with torch.no_grad():
         blk.ffn.w2.mul_(3.0)
         blk.ffn.router_bias.add_(torch.linspace(-1, 1, blk.ffn.router_bias.numel()))
