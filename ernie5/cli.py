@@ -194,6 +194,8 @@ def cmd_bench(args) -> int:
             raise CLIError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
     if args.grad_accum != 1 and args.what != "train":
         raise CLIError(f"--grad-accum applies to `bench train`, not `bench {args.what}`")
+    if args.decoding is not None and args.what != "decode":
+        raise CLIError(f"--decoding applies to `bench decode`, not `bench {args.what}`")
     from ernie5.bench.timing import resolve_device
 
     try:
@@ -209,7 +211,12 @@ def cmd_bench(args) -> int:
     elif args.what == "decode":
         from ernie5.bench.decode import bench_decode
 
-        result = bench_decode(repeats=args.repeats, new_tokens=args.new_tokens, device=device)
+        result = bench_decode(
+            repeats=args.repeats,
+            new_tokens=args.new_tokens,
+            device=device,
+            decoding=args.decoding or "sampled",
+        )
     else:
         from train.bench import bench_train
 
@@ -395,6 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=2048, help="moe: tokens per forward")
     b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
     b.add_argument("--device", default="cpu", help="moe, decode: cpu (default) or cuda[:N]")
+    b.add_argument(
+        "--decoding",
+        choices=["sampled", "greedy"],
+        default=None,
+        help="decode: sample at temperature 1 with a fixed seed (default) or decode greedily",
+    )
     b.add_argument(
         "--peer",
         action="store_true",

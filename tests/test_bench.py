@@ -63,6 +63,17 @@ def test_bench_decode_reports_paired_speedups_for_every_subnet():
         assert r["fraction_of_ideal"] == pytest.approx(r["speedup"] / r["ideal_speedup"])
     k = next(r for r in rows if r["spec"] == "k0.25")
     assert k["ideal_speedup"] > 1 and k["active_params"] < full["active_params"]
+    assert out["decoding"] == {"mode": "sampled", "temperature": 1.0, "seed": 0}
+    assert all(1 <= r["distinct_tokens"] <= 4 for r in rows)
+
+
+def test_bench_decode_greedy_and_a_bad_decoding():
+    from ernie5.bench.decode import bench_decode
+
+    out = bench_decode(repeats=1, new_tokens=3, prompt_len=8, dtypes=("fp32",), decoding="greedy")
+    assert out["decoding"] == {"mode": "greedy", "temperature": 0.0}
+    with pytest.raises(ValueError, match="decoding='beam'"):
+        bench_decode(repeats=1, new_tokens=3, decoding="beam")
 
 
 def test_alternating_medians_times_each_function_in_turn():

@@ -48,6 +48,7 @@ def test_help(command, capsys):
         (["bench", "train", "--grad-accum", "0"], "--grad-accum 0: expected an integer >= 1"),
         (["bench", "moe", "--repeats", "0"], "--repeats 0: expected an integer >= 1"),
         (["bench", "moe", "--grad-accum", "2"], "applies to `bench train`"),
+        (["bench", "train", "--decoding", "greedy"], "--decoding applies to `bench decode`"),
         (["bench", "moe", "--device", "tpu"], "--device 'tpu': expected cpu or cuda[:N]"),
         (["bench", "moe", "--device", "cuda:x"], "--device 'cuda:x': expected cpu or cuda[:N]"),
         (["bench", "decode", "--device", "cuda:7"], "--device 'cuda:7': this machine has"),

@@ -1,16 +1,23 @@
 """``ernie5 bench decode``: KV-cache decoding tokens/s of the nano model and its sub-models.
 
-A randomly initialised nano model (perf-anchors.md shape) greedily decodes ``new_tokens`` tokens
-after a 32-token prompt, batch 1, in fp32 and bf16. ``tokens_per_s`` counts decode steps only (the
-prompt's prefill is timed separately as ``prefill_ms``). Sub-models: the full model, top-k 25 %
-(k=1 of 2, i.e. the smallest top-k), depth 75 %, width 50 %, and the combined ``d0.75-w0.5-k1``
-physically extracted into a standalone model. ``speedup`` is relative to the full model in the same
-dtype: the median over ``repeats`` rounds, each timing every sub-model once in turn, of the round's
-tokens/s ratio (``tokens_per_s`` and ``prefill_ms`` are medians too); ``ideal_speedup`` is the
-ratio of forward FLOPs per token (``ernie5.params``, at the mean context of the run);
-``fraction_of_ideal = speedup / ideal_speedup`` and the stricter ``gain_fraction_of_ideal =
-(speedup - 1) / (ideal_speedup - 1)``. ``device`` (``--device cuda``) decodes on a GPU instead, each
-timed call synchronised with it.
+A randomly initialised nano model (perf-anchors.md shape) decodes ``new_tokens`` tokens after a
+32-token prompt, batch 1, in fp32 and bf16, sampling at temperature 1 with a fixed seed
+(``decoding="sampled"``, the default) or greedily (``"greedy"``). Sampling is the default because
+greedy decoding from random weights falls into repeating a handful of tokens (15 distinct of 64
+at the default seed), so its routing keeps revisiting 9-26 experts per layer whose weights stay
+in cache, which no trained model's decoding does; sampled, the same model emits ~63 distinct
+tokens and reaches 16-52 experts per layer, so expert weights come from memory as in real
+decoding. Each row reports ``distinct_tokens`` (of its last round).
+
+``tokens_per_s`` counts decode steps only (the prompt's prefill is timed separately as
+``prefill_ms``). Sub-models: the full model, top-k 25 % (k=1 of 2, i.e. the smallest top-k), depth
+75 %, width 50 %, and the combined ``d0.75-w0.5-k1`` physically extracted into a standalone model.
+``speedup`` is relative to the full model in the same dtype: the median over ``repeats`` rounds,
+each timing every sub-model once in turn, of the round's tokens/s ratio (``tokens_per_s`` and
+``prefill_ms`` are medians too); ``ideal_speedup`` is the ratio of forward FLOPs per token
+(``ernie5.params``, at the mean context of the run); ``fraction_of_ideal = speedup /
+ideal_speedup`` and the stricter ``gain_fraction_of_ideal = (speedup - 1) / (ideal_speedup - 1)``.
+``device`` (``--device cuda``) decodes on a GPU instead, each timed call synchronised with it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from ernie5.model.model import Ernie5Model
 from ernie5.params import count_params
 
 SUBNETS = ("full", "k0.25", "d0.75", "w0.5", "d0.75-w0.5-k1")
+DECODINGS = {"sampled": {"temperature": 1.0, "seed": 0}, "greedy": {"temperature": 0.0}}
+"""How tokens are picked (``generate`` arguments), by ``decoding`` name."""
 
 
 def _nano() -> ModelConfig:
@@ -44,9 +53,13 @@ def bench_decode(
     prompt_len: int = 32,
     dtypes=("fp32", "bf16"),
     device: torch.device | str = "cpu",
+    decoding: str = "sampled",
 ) -> dict:
     """Run the benchmark on ``device``; returns ``{"subnets": [...], ...}`` (one entry per subnet
     and dtype)."""
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding={decoding!r}: expected one of {', '.join(DECODINGS)}")
+    pick = DECODINGS[decoding]
     device = torch.device(device)
     sync = synchronizer(device)
     cfg = _nano()
@@ -68,13 +81,14 @@ def bench_decode(
                 runner, run_sub, label = model, sub, spec
             runs[spec] = (
                 label,
-                lambda r=runner, s=run_sub: generate(r, [prompt], 1, subnet=s),
-                lambda r=runner, s=run_sub: generate(r, [prompt], new_tokens, subnet=s),
+                lambda r=runner, s=run_sub: generate(r, [prompt], 1, subnet=s, **pick),
+                lambda r=runner, s=run_sub: generate(r, [prompt], new_tokens, subnet=s, **pick),
             )
         # Rounds alternate over the sub-models, so each speedup compares timings taken seconds
         # apart (paired per round); a burst of contention on a shared VM then hits both sides.
         prefill = {spec: [] for spec in SUBNETS}
         total = {spec: [] for spec in SUBNETS}
+        distinct = {}
         for rnd in range(repeats + 1):  # round 0 warms up
             for spec, (_, prefill_fn, decode_fn) in runs.items():
                 sync()
@@ -82,9 +96,10 @@ def bench_decode(
                 prefill_fn()
                 sync()
                 t1 = time.perf_counter()
-                decode_fn()
+                tokens = decode_fn()[0]
                 sync()
                 t2 = time.perf_counter()
+                distinct[spec] = len(set(tokens))
                 if rnd:
                     prefill[spec].append(t1 - t0)
                     total[spec].append(t2 - t1)
@@ -104,12 +119,14 @@ def bench_decode(
                     "fraction_of_ideal": speedup / ideal,
                     "gain_fraction_of_ideal": (speedup - 1) / (ideal - 1) if ideal > 1 else None,
                     "active_params": reports[spec].active_params,
+                    "distinct_tokens": distinct[spec],
                 }
             )
     return {
         "shape": "nano",
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
+        "decoding": {"mode": decoding, **pick},
         "subnets": rows,
         "env": environment(device),
         "target": "k0.25: fraction_of_ideal = speedup / ideal_speedup >= 0.8",
