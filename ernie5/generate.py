@@ -45,11 +45,22 @@ class SpeculativeStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+def sample_categorical(probs_BV: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+    """One index per row drawn from the (unnormalised, non-negative) ``probs_BV`` by inverting the
+    CDF at one uniform draw per row: one cumulative sum and a binary search, where
+    ``torch.multinomial`` took ~100 us per call for a 4096-word row on CPU (a tenth of a nano
+    decoding step). Index ``i`` is drawn for ``u * total`` in ``[cdf[i-1], cdf[i])``; a draw that
+    rounds up to the total (about one in 2^24) lands on the last index."""
+    cdf_BV = probs_BV.cumsum(dim=-1)
+    u_B1 = torch.rand(probs_BV.shape[0], 1, generator=gen, device=probs_BV.device, dtype=cdf_BV.dtype)
+    idx_B1 = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True)
+    return idx_B1.clamp_max_(probs_BV.shape[-1] - 1).squeeze(-1)
+
+
 def _pick(logits_BV: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
     if temperature <= 0:
         return logits_BV.argmax(dim=-1)
-    probs = torch.softmax(logits_BV.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    return sample_categorical(torch.softmax(logits_BV.float() / temperature, dim=-1), gen)
 
 
 def _prefill_docs(model, docs: list, subnet, cache):

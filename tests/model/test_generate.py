@@ -60,3 +60,25 @@ def test_eos_and_stop_callback(peaky_model):
 def test_prompt_too_long_is_an_error(peaky_model):
     with pytest.raises(ValueError, match="max_seq_len"):
         generate(peaky_model, [[1] * 120], 20)
+
+
+def test_sample_categorical_draws_the_distribution():
+    from ernie5.generate import sample_categorical
+
+    probs = torch.tensor([[0.0, 0.5, 0.2, 0.0, 0.3, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 3.0]])
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_categorical(probs, g) for _ in range(20_000)])  # (N, 2)
+    for row in range(2):
+        freq = draws[:, row].bincount(minlength=6).float() / draws.shape[0]
+        expected = probs[row] / probs[row].sum()
+        assert torch.allclose(freq, expected, atol=0.015), (row, freq)
+        assert (freq[expected == 0] == 0).all()  # no draw where there is no mass
+    again = torch.stack([sample_categorical(probs, torch.Generator().manual_seed(0)) for _ in range(3)])
+    first = torch.stack([sample_categorical(probs, torch.Generator().manual_seed(0)) for _ in range(3)])
+    assert torch.equal(again, first)  # seeded: reproducible
+
+
+def test_sampled_generation_is_seeded(peaky_model):
+    a = generate(peaky_model, [[3, 4, 5]], 12, temperature=1.0, seed=7)
+    b = generate(peaky_model, [[3, 4, 5]], 12, temperature=1.0, seed=7)
+    assert a == b and len(a[0]) == 12
