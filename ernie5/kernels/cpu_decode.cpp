@@ -353,7 +353,8 @@ torch::Tensor attend_rows_keys(const torch::Tensor& q, const torch::Tensor& k, c
               "attend_rows: q ", q.sizes(), " and k ", k.sizes(), " do not match");
   TORCH_CHECK(dh % 16 == 0 && dh <= 128, "attend_rows: needs a head dim that is a multiple of 16 up to 128, got ", dh);
   for (const auto* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == dt, "attend_rows: q, k and v must be CPU tensors of one dtype");
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == dt,
+                "attend_rows: q, k and v must be CPU tensors of one dtype");
     TORCH_CHECK(t->stride(3) == 1, "attend_rows: the head dim must be contiguous");
   }
   const bool* mp = nullptr;

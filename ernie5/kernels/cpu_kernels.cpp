@@ -1361,6 +1361,11 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
 torch::Tensor attend_rows_keys(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t s,
                                const torch::Tensor& mask, bool causal);
 
+std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
+                                    bool allow_amx);
+std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,
+                                    torch::Tensor lse, bool causal, torch::Tensor bias, bool allow_amx);
+
 namespace {
 
 // a + b rounded once to the storage type, as PyTorch adds bf16 or fp32 tensors (a few rows: no
@@ -1403,9 +1408,9 @@ torch::Tensor swiglu_rows(const torch::Tensor& x, const torch::Tensor& w13, cons
 
 // One pre-norm block for the rows of a decoding step (cpu_decode.cpp says why): the kernels of the
 // module-by-module path in its order, so the same arithmetic, in one call from Python. The
-// arguments that change from step to step come first, the layer's weights and settings after. x (B, T, D); the
-// new keys and values go into the cache buffers (B, K, max_len, Dh) at [start, start + T). The
-// FFN is the MoE (router_w given: routed experts, plus the shared SwiGLU when s_w13 is given) or
+// arguments that change from step to step come first, the layer's weights and settings after.
+// x (B, T, D); the new keys and values go into the cache buffers (B, K, max_len, Dh) at [start,
+// start + T). The FFN is the MoE (router_w given: routed experts, plus the shared SwiGLU when s_w13 is given) or
 // the dense SwiGLU (s_w13, s_w2). Returns {x_out (B, T, D), expert ids (B*T, k), gates (B*T, k)
 // fp32, routed pairs per expert (E,)}; the last three empty for a dense FFN.
 std::vector<torch::Tensor> decode_layer(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
@@ -1444,19 +1449,17 @@ std::vector<torch::Tensor> decode_layer(torch::Tensor x, torch::Tensor cos, torc
     auto none = torch::empty({0}, x.options());
     return {out.view({b, t, d}), none, none, none};
   }
-  // fp32 logits, as ernie5.model.moe.route computes them: the router kernel where it takes the shape.
-  auto logits = router_shape_ok(d, router_w.size(0)) ? router_logits_fwd(h2, router_w)
-                                                      : at::linear(h2.to(torch::kFloat), router_w.to(torch::kFloat));
-  auto routed = route_topk_fwd(logits, (router_bias.scalar_type() == torch::kFloat ? router_bias : router_bias.to(torch::kFloat)), expert_mask, top_k, sigmoid,
-                               norm_topk, route_scale);
+  // fp32 logits, as ernie5.model.moe.route computes them: the router kernel where it takes the
+  // shape, else an fp32 linear.
+  auto logits = router_shape_ok(d, router_w.size(0))
+                    ? router_logits_fwd(h2, router_w)
+                    : at::linear(h2.to(torch::kFloat), router_w.to(torch::kFloat));
+  auto bias = router_bias.scalar_type() == torch::kFloat ? router_bias : router_bias.to(torch::kFloat);
+  auto routed = route_topk_fwd(logits, bias, expert_mask, top_k, sigmoid, norm_topk, route_scale);
   auto y = expert_rows(h2, routed[0], routed[1], w13, w2);
   if (s_w13.numel() > 0) y = add_rows(y, swiglu_rows(h2, s_w13, s_w2));
   return {add_rows(x1, y).view({b, t, d}), routed[0], routed[1], routed[2]};
 }
-std::vector<torch::Tensor> attn_fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal, torch::Tensor bias,
-                                    bool allow_amx);
-std::vector<torch::Tensor> attn_bwd(torch::Tensor dO, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o,
-                                    torch::Tensor lse, bool causal, torch::Tensor bias, bool allow_amx);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm_fwd", &rms_norm_fwd);
