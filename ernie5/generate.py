@@ -52,7 +52,11 @@ def sample_categorical(probs_BV: torch.Tensor, gen: torch.Generator | None = Non
     decoding step). Index ``i`` is drawn for ``u * total`` in ``[cdf[i-1], cdf[i])``; a draw that
     rounds up to the total (about one in 2^24) lands on the last index."""
     cdf_BV = probs_BV.cumsum(dim=-1)
-    u_B1 = torch.rand(probs_BV.shape[0], 1, generator=gen, device=probs_BV.device, dtype=cdf_BV.dtype)
+    # Drawn on the generator's device (``generate`` seeds a CPU one), then moved: the same draws,
+    # and so the same tokens for a seed, wherever the model runs.
+    gen_device = gen.device if gen is not None else probs_BV.device
+    u_B1 = torch.rand(probs_BV.shape[0], 1, generator=gen, device=gen_device, dtype=cdf_BV.dtype)
+    u_B1 = u_B1.to(probs_BV.device)
     idx_B1 = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True)
     return idx_B1.clamp_max_(probs_BV.shape[-1] - 1).squeeze(-1)
 

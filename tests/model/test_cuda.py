@@ -202,6 +202,18 @@ def test_generation_on_cuda_equals_cpu_and_speculative_equals_greedy(subnet):
     assert spec == on_gpu[0]
 
 
+def test_sampled_generation_on_cuda_draws_what_the_cpu_draws():
+    """The uniform draws come from generate's CPU generator wherever the model runs."""
+    cpu, gpu = _pair()
+    for m in (cpu, gpu):
+        with torch.no_grad():
+            m.head.weight.mul_(3)  # peaked enough that the devices' rounding moves no draw
+    prompts = [[1, 5, 7, 9], [3, 4]]
+    on_gpu = generate(gpu, prompts, 12, temperature=1.0, seed=5)
+    assert on_gpu == generate(gpu, prompts, 12, temperature=1.0, seed=5)
+    assert on_gpu == generate(cpu, prompts, 12, temperature=1.0, seed=5)
+
+
 def test_extracted_subnet_on_cuda_equals_masked_forward():
     _, m = _pair()
     sub = resolve("d0.5-w0.5-k1", m.cfg)
