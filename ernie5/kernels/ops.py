@@ -42,6 +42,9 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+NO_MASK = torch.empty(0, dtype=torch.bool)
+"""The empty boolean tensor the kernels take for "no mask" (attention keys, available experts)."""
+
 ROWS_MAX = 4
 """At most this many token rows (a decoding step of up to 4 sequences) run :func:`linear`'s kernel."""
 
@@ -106,11 +109,8 @@ def attend_rows(
     fp32 scores and softmax, one rounding per output. ``allowed_B1TS`` is the boolean mask (True =
     may attend; None = every key); ``causal`` aligns the queries with the last keys. Returns ``(B,
     H, Tq, Dh)`` laid out as ``(B, Tq, H, Dh)``, so ``.transpose(1, 2).reshape(...)`` is free."""
-    mask = allowed_B1TS.contiguous() if allowed_B1TS is not None else _NO_MASK
+    mask = allowed_B1TS.contiguous() if allowed_B1TS is not None else NO_MASK
     return kernels().attend_rows(q_BHTD, k_BKSD, v_BKSD, mask, causal)
-
-
-_NO_MASK = torch.empty(0, dtype=torch.bool)
 
 
 def _apply(fn: type[torch.autograd.Function], *args):

@@ -42,7 +42,7 @@ from ernie5.model.kv_cache import KVCache
 from ernie5.model.linear import Linear
 from ernie5.model.loss import IGNORE, linear_cross_entropy
 from ernie5.model.mask import AttnMask, build_mask
-from ernie5.model.moe import GATHER_MAX_PAIRS, MoE, RouterOutput, SwiGLU
+from ernie5.model.moe import MoE, RouterOutput, SwiGLU
 from ernie5.model.norm import RMSNorm
 from ernie5.model.rope import inv_frequencies, rope_cos_sin, text_positions
 from ernie5.model.vision import VisionModule
@@ -85,9 +85,6 @@ class _Context:
     sin: torch.Tensor
     mask: AttnMask
     cache: KVCache | None
-    cos_f: torch.Tensor | None = None
-    """``cos`` as the fused decoding layers take it: fp32, contiguous ``(B, T, Dh/2)``."""
-    sin_f: torch.Tensor | None = None
 
 
 class Block(nn.Module):
@@ -124,18 +121,21 @@ class Block(nn.Module):
         layer: int,
         top_k: int | None = None,
         expert_mask_E: torch.Tensor | None = None,
+        dispatch: str | None = None,
     ) -> tuple[torch.Tensor, RouterOutput | None] | None:
         """:meth:`forward` of a decoding step in one kernel call (``decode_layer`` of
         :mod:`ernie5.kernels`): the same kernels in the same order, so the same result, without
         some 60 Python-level calls per layer. ``None`` where it does not apply (the caller checked
         the step with :func:`fused_decode_ok`; this checks the layer: its weights in ``x``'s
-        dtype, and a router and experts the kernels take)."""
+        dtype, experts the kernel takes, and the gather path being the one the module path
+        would take for this step)."""
         ffn = self.ffn
         moe = isinstance(ffn, MoE)
         if moe:
             k = top_k or ffn.cfg.top_k
-            if x_BTD.shape[0] * x_BTD.shape[1] * k > GATHER_MAX_PAIRS:
-                return None  # the module path would not take the gather path either
+            x_ND = x_BTD.view(-1, x_BTD.shape[-1])
+            if ffn.expert_path(x_ND, k, x_BTD.dtype, dispatch) != "gather":
+                return None
         else:
             k = 1
         weights = self._fused_weights(x_BTD.dtype)
@@ -144,14 +144,14 @@ class Block(nn.Module):
         mask, cache = ctx.mask, ctx.cache
         out = kernels().decode_layer(
             x_BTD.contiguous(),
-            ctx.cos_f,
-            ctx.sin_f,
+            ctx.cos,
+            ctx.sin,
             cache.k[layer],
             cache.v[layer],
             cache.length,
-            mask.dense_B1TS if mask.dense_B1TS is not None else _NO_BOOL,
+            mask.dense_B1TS if mask.dense_B1TS is not None else ops.NO_MASK,
             mask.is_causal,
-            expert_mask_E if expert_mask_E is not None else _NO_BOOL,
+            expert_mask_E if expert_mask_E is not None else ops.NO_MASK,
             k,
             *weights,
         )
@@ -183,7 +183,6 @@ class Block(nn.Module):
 
 
 _EMPTY = torch.empty(0)
-_NO_BOOL = torch.empty(0, dtype=torch.bool)
 
 
 def _fused_plan(block: Block) -> tuple[list, tuple]:
@@ -250,11 +249,9 @@ def _fused_plan(block: Block) -> tuple[list, tuple]:
 
 
 def _fused_shapes_ok(block: Block) -> bool:
-    """Whether ``decode_layer`` takes this layer: experts the expert kernel takes (``d_expert`` a
-    multiple of 16) on the default expert path, so that decoding steps take the gather path in the
-    module path too."""
+    """Whether ``decode_layer`` takes this layer's experts (``d_expert`` a multiple of 16)."""
     ffn = block.ffn
-    return not isinstance(ffn, MoE) or (ffn.cfg.dispatch == "auto" and ffn.cfg.d_expert % 16 == 0)
+    return not isinstance(ffn, MoE) or ffn.cfg.d_expert % 16 == 0
 
 
 def fused_decode_ok(
@@ -471,14 +468,10 @@ class Ernie5Model(nn.Module):
         aux = []
         n_exp = self.cfg.moe.n_experts
         fused = fused_decode_ok(x_BTD, self.cfg, cache, ctx.mask, dispatch)
-        if fused:
-            shape = (b, t, self.cfg.dim_head // 2)
-            ctx.cos_f = ctx.cos.float().expand(shape).contiguous()
-            ctx.sin_f = ctx.sin.float().expand(shape).contiguous()
         blocks = list(self.layers)  # one list, not a ModuleList lookup per layer
         for i in subnet.layers:
             mask_E = subnet.expert_mask(i, n_exp, device)
-            step = blocks[i].forward_fused(x_BTD, ctx, i, subnet.top_k, mask_E) if fused else None
+            step = blocks[i].forward_fused(x_BTD, ctx, i, subnet.top_k, mask_E, dispatch) if fused else None
             if step is None:
                 step = blocks[i](x_BTD, ctx, i, subnet.top_k, mask_E, dispatch)
             x_BTD, r = step

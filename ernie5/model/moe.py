@@ -602,9 +602,7 @@ class MoE(nn.Module):
         dev = x_ND.device.type
         autocast = torch.is_autocast_enabled(dev)
         dt = torch.get_autocast_dtype(dev) if autocast else x_ND.dtype  # the experts' compute dtype
-        path = dispatch or self.cfg.dispatch
-        if path == "auto":
-            path = self._auto_dispatch(x_ND, k, dt)
+        path = self.expert_path(x_ND, k, dt, dispatch)
         fn = {
             "loop": experts_loop,
             "sorted": experts_sorted,
@@ -622,6 +620,12 @@ class MoE(nn.Module):
         if self.shared is not None:
             y_BTD = y_BTD + self.shared(x_BTD)
         return y_BTD, r
+
+    def expert_path(self, x_ND: torch.Tensor, k: int, dtype: torch.dtype, dispatch: str | None = None) -> str:
+        """The expert path :meth:`forward` takes for these rows at top-``k`` in compute ``dtype``:
+        ``dispatch``, else ``cfg.dispatch``, where ``auto`` is decided by :meth:`_auto_dispatch`."""
+        path = dispatch or self.cfg.dispatch
+        return self._auto_dispatch(x_ND, k, dtype) if path == "auto" else path
 
     def _auto_dispatch(self, x_ND: torch.Tensor, k: int, dtype: torch.dtype | None = None) -> str:
         # The gather path wins for a few pairs at inference; otherwise see `batch_dispatch`.

@@ -15,6 +15,16 @@ needs_rows = pytest.mark.skipif(
 DTYPES = [torch.float32, torch.bfloat16]
 
 
+def _on_one_thread(fn):
+    """``fn()`` with PyTorch (and the kernels) on one thread."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _ulp_bound(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Half a unit in the last place of ``dtype`` at ``ref`` (the rounding of one correct sum),
     plus fp32 summation slack."""
@@ -43,12 +53,7 @@ def test_linear_rows_each_row_independent_of_batch_and_threads(dtype):
     torch.manual_seed(1)
     x, w = torch.randn(4, 256).to(dtype), torch.randn(4093, 256).to(dtype)  # a ragged last block
     together = kernels().linear_rows(x, w)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = [kernels().linear_rows(x[i : i + 1].contiguous(), w) for i in range(4)]
-    finally:
-        torch.set_num_threads(threads)
+    alone = _on_one_thread(lambda: [kernels().linear_rows(x[i : i + 1].contiguous(), w) for i in range(4)])
     assert torch.equal(together, torch.cat(alone))
 
 
@@ -119,14 +124,11 @@ def test_expert_rows_each_token_independent_of_batch_and_threads():
     w13, w2 = torch.randn(e, 2 * f, d).bfloat16(), torch.randn(e, d, f).bfloat16()
     x, ids, gates = torch.randn(3, d).bfloat16(), torch.randint(0, e, (3, 2)), torch.rand(3, 2)
     together = kernels().expert_rows(x, ids, gates, w13, w2)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = [
+    alone = _on_one_thread(
+        lambda: [
             kernels().expert_rows(x[i : i + 1], ids[i : i + 1], gates[i : i + 1], w13, w2) for i in range(3)
         ]
-    finally:
-        torch.set_num_threads(threads)
+    )
     assert torch.equal(together, torch.cat(alone))
 
 
@@ -196,15 +198,12 @@ def test_attend_rows_row_independent_of_batch_threads_and_cache_length():
     q = torch.randn(2, 8, 1, 32).bfloat16()
     k, v = _cache_views(2, 2, 300, 32, torch.bfloat16, max_len=512)  # enough work for every thread
     together = ops.attend_rows(q, k, v, None, False)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = [
+    alone = _on_one_thread(
+        lambda: [
             ops.attend_rows(q[i : i + 1], k[i : i + 1].contiguous(), v[i : i + 1].contiguous(), None, False)
             for i in range(2)
         ]
-    finally:
-        torch.set_num_threads(threads)
+    )
     assert torch.equal(together, torch.cat(alone))
 
 
