@@ -53,7 +53,8 @@ def test_bench_train_reports_mfu_and_the_peer():
 def test_bench_decode_reports_paired_speedups_for_every_subnet():
     from ernie5.bench.decode import SUBNETS, bench_decode
 
-    out = bench_decode(repeats=2, new_tokens=4, prompt_len=8, dtypes=("fp32",))
+    out = bench_decode(repeats=2, new_tokens=4, prompt_len=8, dtypes=("fp32",), prefill_len=16)
+    assert out["prefill"]["tokens"] == 16 and out["prefill"]["tokens_per_s"]["fp32"] > 0
     rows = out["subnets"]
     assert [r["spec"].split(" ")[0] for r in rows] == list(SUBNETS)
     full = rows[0]
@@ -70,7 +71,9 @@ def test_bench_decode_reports_paired_speedups_for_every_subnet():
 def test_bench_decode_greedy_and_a_bad_decoding():
     from ernie5.bench.decode import bench_decode
 
-    out = bench_decode(repeats=1, new_tokens=3, prompt_len=8, dtypes=("fp32",), decoding="greedy")
+    out = bench_decode(
+        repeats=1, new_tokens=3, prompt_len=8, dtypes=("fp32",), decoding="greedy", prefill_len=8
+    )
     assert out["decoding"] == {"mode": "greedy", "temperature": 0.0}
     with pytest.raises(ValueError, match="decoding='beam'"):
         bench_decode(repeats=1, new_tokens=3, decoding="beam")

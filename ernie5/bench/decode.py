@@ -18,6 +18,10 @@ each timing every sub-model once in turn, of the round's tokens/s ratio (``token
 (``ernie5.params``, at the mean context of the run); ``fraction_of_ideal = speedup /
 ideal_speedup`` and the stricter ``gain_fraction_of_ideal = (speedup - 1) / (ideal_speedup - 1)``.
 ``device`` (``--device cuda``) decodes on a GPU instead, each timed call synchronised with it.
+
+``prefill`` reports, per dtype, the full model's tokens/s over one ``1 x prefill_len`` forward
+that fills a KV cache under ``inference_mode`` (default 512), as perf-anchors.md times its peer's
+prefill (median of ``repeats`` after a warm-up), so the figure sits next to the peer's 4-6k tok/s.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def bench_decode(
     dtypes=("fp32", "bf16"),
     device: torch.device | str = "cpu",
     decoding: str = "sampled",
+    prefill_len: int = 512,
 ) -> dict:
     """Run the benchmark on ``device``; returns ``{"subnets": [...], ...}`` (one entry per subnet
     and dtype)."""
@@ -70,9 +75,11 @@ def bench_decode(
     subs = {spec: resolve(spec, cfg) for spec in SUBNETS}
     reports = {spec: count_params(cfg, sub, ctx) for spec, sub in subs.items()}
     rows = []
+    prefill_tps = {}
     for dt_name in dtypes:
         dtype = torch.bfloat16 if dt_name == "bf16" else torch.float32
         model = base.to(dtype) if dtype != torch.float32 else base
+        prefill_tps[dt_name] = _prefill_tokens_per_s(model, prefill_len, repeats, sync)
         runs = {}  # spec -> (label, prefill fn, decode fn)
         for spec, sub in subs.items():
             if spec == "d0.75-w0.5-k1":
@@ -128,6 +135,25 @@ def bench_decode(
         "new_tokens": new_tokens,
         "decoding": {"mode": decoding, **pick},
         "subnets": rows,
+        "prefill": {"tokens": prefill_len, "tokens_per_s": prefill_tps},
         "env": environment(device),
         "target": "k0.25: fraction_of_ideal = speedup / ideal_speedup >= 0.8",
     }
+
+
+def _prefill_tokens_per_s(model: Ernie5Model, length: int, repeats: int, sync) -> float:
+    """Median tokens/s of a ``1 x length`` forward that fills a fresh KV cache (one warm-up call)."""
+    device = model.tok_emb.weight.device
+    ids = torch.randint(16, model.cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
+    times = []
+    with torch.inference_mode():
+        for i in range(repeats + 1):
+            cache = model.new_cache(1, length)
+            sync()
+            t0 = time.perf_counter()
+            model(ids, cache=cache)
+            sync()
+            if i:
+                times.append(time.perf_counter() - t0)
+    return length / statistics.median(times)

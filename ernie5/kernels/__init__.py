@@ -51,7 +51,13 @@ from types import ModuleType
 
 _SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("cpu_kernels.cpp", "cpu_attention.cpp", "cpu_expert_gemm.cpp", "cpu_decode.cpp")
+    for n in (
+        "cpu_kernels.cpp",
+        "cpu_attention.cpp",
+        "cpu_expert_gemm.cpp",
+        "cpu_expert_f32.cpp",
+        "cpu_decode.cpp",
+    )
 ]
 _HEADERS = [Path(__file__).with_name("cpu_common.h")]
 FAILED_MARKER = "build_failed.txt"

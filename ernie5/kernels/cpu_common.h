@@ -145,6 +145,41 @@ inline __m512 exp512(__m512 x) {
   return _mm512_maskz_mov_ps(__mmask16(~under), y);
 }
 
+// 16 x 16 dword transpose: dst[k][r] = src_r[k] for the 16 rows row(0) ... row(15), rows of dst
+// ld dwords apart.
+template <typename Row>
+inline void transpose16(const Row& row, uint32_t* dst, int64_t ld) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(row(i));
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4q + j] holds, in each 128-bit lane L, column 4L + j of rows 4q..4q+3.
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * ld, r[i]);  // r[i]: column i of the 16 rows
+}
+
+// ... of rows ls dwords apart from src.
+inline void transpose16(const uint32_t* src, int64_t ls, uint32_t* dst, int64_t ld) {
+  transpose16([=](int i) { return src + i * ls; }, dst, ld);
+}
+
 // 16 bf16 lanes (the first `m`) to fp32, and back rounded to nearest even.
 inline __m512 load16m(const uint16_t* p, __mmask16 m) { return widen16(_mm256_maskz_loadu_epi16(m, p)); }
 inline void store16m(uint16_t* p, __mmask16 m, __m512 v) {

@@ -217,41 +217,6 @@ void gemm(int64_t m, int64_t n, int64_t k2, const uint32_t* a, int64_t ars, int6
   }
 }
 
-// 16 x 16 dword transpose: dst[k][r] = src_r[k] for the 16 rows row(0) ... row(15), rows of dst
-// ld dwords apart.
-template <typename Row>
-inline void transpose16(const Row& row, uint32_t* dst, int64_t ld) {
-  __m512i r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(row(i));
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  // r[4q + j] holds, in each 128-bit lane L, column 4L + j of rows 4q..4q+3.
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * ld, r[i]);  // r[i]: column i of the 16 rows
-}
-
-// ... of rows ls dwords apart from src.
-inline void transpose16(const uint32_t* src, int64_t ls, uint32_t* dst, int64_t ld) {
-  transpose16([=](int i) { return src + i * ls; }, dst, ld);
-}
-
 // The rows of a bf16 operand: row r at base + r * ld, or, with idx, at base + idx[r] * ld (the
 // token rows of a level's slots read in place through its slot -> token index, rather than
 // gathered into an (E, C, D) copy first).

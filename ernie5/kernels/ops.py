@@ -250,6 +250,20 @@ def expert_gemm_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch
     return d % 16 == 0 and f % 16 == 0
 
 
+def expert_infer_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor) -> bool:
+    """Whether the fp32 inference experts (``cpu_expert_f32.cpp``) can take these: fp32 on CPU, an
+    AVX-512 build, ``d_model`` and ``d_expert`` multiples of 16, and nothing that needs a gradient
+    (they have no backward)."""
+    if x_ND.dtype != torch.float32 or not fusable(x_ND, w13_EFD, w2_EDF):
+        return False
+    if torch.is_grad_enabled() and (x_ND.requires_grad or w13_EFD.requires_grad or w2_EDF.requires_grad):
+        return False
+    if not kernels().expert_f32_available():
+        return False
+    d, f = w2_EDF.shape[1], w2_EDF.shape[2]
+    return d % 16 == 0 and f % 16 == 0
+
+
 _GRAD_SUMSQ: dict[int, tuple[int, int, float]] = {}
 """Sums of squares of weight gradients, computed by the kernel that produced the gradient (the
 expert weight-gradient GEMMs do it in their epilogue), so that the optimizer's gradient norm need
