@@ -330,11 +330,64 @@ def test_training_attention_takes_the_fused_kernel_only_where_it_fits():
         qb = torch.randn(1, 4, 8, 32).bfloat16().requires_grad_()
         kb, vb = torch.randn(1, 2, 8, 32).bfloat16(), torch.randn(1, 2, 8, 32).bfloat16()
         attention._sdpa(qb, kb, vb, causal).float().sum().backward()
-        with torch.no_grad():  # inference keeps PyTorch's attention
+        with torch.no_grad():  # inference calls the kernel's forward directly (no autograd Function)
             attention._sdpa(qb, kb, vb, causal)
     finally:
         attention._FusedAttention.apply = real
     assert calls == [1] and qb.grad is not None
+
+
+@needs_fused_attention
+@pytest.mark.parametrize("kind", ["causal", "documents", "cached prefix"])
+def test_bf16_inference_attention_runs_the_fused_forward(monkeypatch, kind):
+    """bf16 attention without gradients (prefill, scoring) runs the fused kernel's forward: causal,
+    under a document mask, and for queries after a cached prefix (T < S, a dense mask); it matches
+    fp32 SDPA at the same bf16 inputs. Past FUSED_INFER_MAX_KEYS keys, PyTorch's SDPA runs."""
+    import torch.nn.functional as F
+
+    from ernie5.model import attention
+    from ernie5.model.mask import AttnMask
+
+    torch.manual_seed(3)
+    b, h, kv, d, s = 2, 4, 2, 32, 40
+    t = 9 if kind == "cached prefix" else s
+    q = torch.randn(b, h, t, d).bfloat16()
+    k, v = torch.randn(b, kv, s, d).bfloat16(), torch.randn(b, kv, s, d).bfloat16()
+    if kind == "causal":
+        mask = AttnMask(is_causal=True)
+    elif kind == "documents":
+        mask = AttnMask(dense_B1TS=_doc_mask(b, s, [13, 30]))
+    else:
+        mask = AttnMask(dense_B1TS=_doc_mask(b, s, [13])[:, :, s - t :])
+    calls = []
+    recorder = _Recorder(kernels().attn_fwd, calls)
+    monkeypatch.setattr(attention, "kernels", lambda: recorder)
+    with torch.no_grad():
+        got = attention._sdpa(q, k, v, mask)
+    assert calls == [(t, s)]
+    ref = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask.dense_B1TS, is_causal=mask.is_causal, enable_gqa=True
+    )
+    torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=1e-2)
+    monkeypatch.setattr(attention, "FUSED_INFER_MAX_KEYS", s - 1)
+    with torch.no_grad():
+        fallback = attention._sdpa(q, k, v, mask)
+    assert calls == [(t, s)]  # PyTorch's SDPA this time
+    torch.testing.assert_close(fallback.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+class _Recorder:
+    """The kernel module, recording the (T, S) of each ``attn_fwd`` call."""
+
+    def __init__(self, attn_fwd, calls):
+        self._attn_fwd, self._calls = attn_fwd, calls
+
+    def attn_fwd(self, q, k, *rest):
+        self._calls.append((q.shape[2], k.shape[2]))
+        return self._attn_fwd(q, k, *rest)
+
+    def __getattr__(self, name):
+        return getattr(kernels(), name)
 
 
 @needs_fused_attention
