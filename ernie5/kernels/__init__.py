@@ -114,16 +114,25 @@ def _cflags() -> list[str]:
     return flags
 
 
+def _prefer_package_ninja() -> None:
+    """Put the ``ninja`` installed with the package (the pip wheel) first on ``PATH``, whether or
+    not its venv is activated. Ninja 1.12 changed the command hash of its build log, so a system
+    ninja 1.11 and the wheel's 1.13 each took the other's build as out of date: a process started
+    from an activated venv (the wheel first on ``PATH``) and one started by path (the system
+    ninja) rebuilt the whole extension in turn, ~75 s each time. Without the wheel, ``PATH`` decides."""
+    try:
+        import ninja
+    except ImportError:
+        return  # whatever ninja PATH has; torch reports a missing one
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != ninja.BIN_DIR:
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+
+
 def _build() -> ModuleType:
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise RuntimeError("no C++ compiler (c++) on PATH")
-    if shutil.which("ninja") is None:  # the pip `ninja` wheel, when its venv is not activated
-        try:
-            import ninja
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        except ImportError:
-            pass  # torch reports that ninja is missing
+    _prefer_package_ninja()
     from torch.utils import cpp_extension
 
     name = _build_name()

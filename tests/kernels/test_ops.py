@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -497,3 +499,15 @@ def test_router_falls_back_where_the_kernel_does_not_fit():
     x = torch.randn(4, 64)
     assert not ops.router_fusable(x, torch.randn(8, 64))  # 8 experts: not a multiple of 16
     assert not ops.router_fusable(x, torch.randn(16, 64, dtype=torch.bfloat16))  # mixed dtypes
+
+
+def test_the_packaged_ninja_comes_first_on_path_activated_or_not(monkeypatch):
+    """The ninja wheel's folder goes first on PATH whatever PATH held (a system ninja 1.11 and the
+    wheel's 1.13 hash their build logs differently, so alternating them rebuilt everything), and
+    only once."""
+    ninja = pytest.importorskip("ninja")
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", ninja.BIN_DIR, "/bin"]))
+    kernels_pkg._prefer_package_ninja()
+    assert os.environ["PATH"].split(os.pathsep) == [ninja.BIN_DIR, "/usr/bin", ninja.BIN_DIR, "/bin"]
+    kernels_pkg._prefer_package_ninja()
+    assert os.environ["PATH"].split(os.pathsep)[:2] == [ninja.BIN_DIR, "/usr/bin"]
