@@ -55,7 +55,7 @@ _SOURCES = [
         "cpu_kernels.cpp",
         "cpu_attention.cpp",
         "cpu_expert_gemm.cpp",
-        "cpu_expert_f32.cpp",
+        "cpu_infer_f32.cpp",
         "cpu_decode.cpp",
     )
 ]

@@ -1352,10 +1352,11 @@ std::vector<torch::Tensor> expert_ffn_fwd(torch::Tensor w13, torch::Tensor w2, t
 std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::Tensor> expert_ffn_bwd(
     torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor tok, torch::Tensor h, torch::Tensor g,
     torch::Tensor gate, torch::Tensor dy, torch::Tensor n);
-// cpu_expert_f32.cpp (same extension)
+// cpu_infer_f32.cpp (same extension)
 bool expert_f32_available();
 torch::Tensor expert_ffn_infer(torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor gates,
                                torch::Tensor tok, torch::Tensor pair, torch::Tensor n);
+torch::Tensor attend_f32(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, bool causal);
 // cpu_decode.cpp (same extension)
 bool rows_kernels_available();
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w);
@@ -1494,6 +1495,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("expert_ffn_bwd", &expert_ffn_bwd);
   m.def("expert_f32_available", &expert_f32_available);
   m.def("expert_ffn_infer", &expert_ffn_infer);
+  m.def("attend_f32", &attend_f32);
   m.def("attention_available", &attention_available);
   m.def("attention_amx", &attention_amx);
   m.def("attn_fwd", &attn_fwd);

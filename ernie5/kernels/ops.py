@@ -250,8 +250,40 @@ def expert_gemm_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch
     return d % 16 == 0 and f % 16 == 0
 
 
+def attend_f32_fusable(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
+    """Whether ``attend_f32`` (fp32 inference attention of ``cpu_infer_f32.cpp``) can take these:
+    fp32 on CPU, no gradient needed, an AVX-512 build, a head dim that is a multiple of 16, GQA
+    head counts, and keys and values of one layout with a contiguous head dim (KV-cache views)."""
+    if q_BHTD.dtype != torch.float32 or _needs_grad(q_BHTD, k_BKSD, v_BKSD):
+        return False
+    if not fusable(q_BHTD, k_BKSD, v_BKSD) or not kernels().expert_f32_available():
+        return False
+    return (
+        q_BHTD.shape[3] % 16 == 0
+        and k_BKSD.shape == v_BKSD.shape
+        and k_BKSD.stride() == v_BKSD.stride()
+        and k_BKSD.stride(3) == 1
+        and q_BHTD.shape[1] % k_BKSD.shape[1] == 0
+        and k_BKSD.shape[2] >= q_BHTD.shape[2]
+    )
+
+
+def attend_f32(
+    q_BHTD: torch.Tensor,
+    k_BKSD: torch.Tensor,
+    v_BKSD: torch.Tensor,
+    allowed_B1TS: torch.Tensor | None,
+    causal: bool,
+) -> torch.Tensor:
+    """fp32 inference attention, ``(B, H, T, Dh)``: exact softmax over whole key rows, keys
+    transposed once per kv head so that scores need no horizontal sums."""
+    mask = allowed_B1TS.contiguous() if allowed_B1TS is not None else NO_MASK
+    q_BHTD = q_BHTD.contiguous()
+    return kernels().attend_f32(q_BHTD, k_BKSD, v_BKSD, mask, causal).permute(0, 2, 1, 3)
+
+
 def expert_infer_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor) -> bool:
-    """Whether the fp32 inference experts (``cpu_expert_f32.cpp``) can take these: fp32 on CPU, an
+    """Whether the fp32 inference experts (``cpu_infer_f32.cpp``) can take these: fp32 on CPU, an
     AVX-512 build, ``d_model`` and ``d_expert`` multiples of 16, and nothing that needs a gradient
     (they have no backward)."""
     if x_ND.dtype != torch.float32 or not fusable(x_ND, w13_EFD, w2_EDF):

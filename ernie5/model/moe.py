@@ -34,7 +34,7 @@ Expert compute paths (identical semantics, chosen by ``dispatch``):
     which compute only each expert's routed rows: padding then costs memory, not arithmetic, so
     the plan is a single level as deep as the busiest expert (:func:`plan_dispatch`). In fp32
     without gradients (evaluation, prefill) on a CPU with AVX-512, the whole expert forward is one
-    kernel over exactly the routed rows (``cpu_expert_f32.cpp``), with no level search and no
+    kernel over exactly the routed rows (``cpu_infer_f32.cpp``), with no level search and no
     gathered weights: a nano 1 x 512 prefill went 3.8k -> 5.9k tok/s.
   * ``grouped``: pairs are sorted by expert and each projection runs as ONE grouped GEMM over the
     ragged per-expert groups (``torch._grouped_mm`` with cumulative row offsets; autograd gives the
@@ -551,7 +551,7 @@ def experts_sorted(
 ) -> torch.Tensor:
     """Sort pairs by expert, run padded batched GEMMs (capacity + overflow), combine back. In fp32
     without gradients (evaluation, prefill) on CPU, the experts run over exactly their routed rows
-    instead (``cpu_expert_f32.cpp``): no padding, no level search, no gathered weights."""
+    instead (``cpu_infer_f32.cpp``): no padding, no level search, no gathered weights."""
     n = x_ND.shape[0]
     if ops.expert_infer_fusable(x_ND, w13_EFD, w2_EDF):
         plan = plan_dispatch(r, n, skip_padding=True)

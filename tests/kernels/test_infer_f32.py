@@ -1,10 +1,11 @@
-"""The fp32 inference experts (cpu_expert_f32.cpp) against the naive per-expert loop, and when the
-MoE layer takes them."""
+"""The fp32 inference kernels (cpu_infer_f32.cpp): the experts against the naive per-expert loop,
+attention against float64 SDPA, and when the model takes them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ernie5.kernels import kernels, ops
 from ernie5.model.config import MoEConfig
@@ -122,3 +123,79 @@ def test_bad_indices_are_errors():
     short[short.argmax()] -= 1  # a routed pair left out
     with pytest.raises(RuntimeError, match="in no expert's valid slots"):
         kernels().expert_ffn_infer(*args, lv.tok_EC, lv.pair_EC, short)
+
+
+@needs_f32
+@pytest.mark.parametrize(
+    ("b", "h", "kv", "t", "s", "dh", "kind"),
+    [
+        (1, 8, 2, 70, 70, 32, "causal"),  # rows that are not whole 32-row items, keys not whole vectors
+        (2, 4, 2, 1, 1, 16, "causal"),
+        (2, 4, 2, 9, 40, 64, "mask"),  # queries after a cached prefix
+        (1, 4, 4, 33, 33, 128, "none"),
+        (3, 6, 3, 50, 50, 16, "mask"),
+    ],
+)
+def test_fp32_attention_matches_float64_sdpa(b, h, kv, t, s, dh, kind):
+    torch.manual_seed(t * s + dh)
+    q = torch.randn(b, h, t, dh)
+    # Keys and values as a KV-cache view: the first s of 50 + s positions, strided.
+    k_buf, v_buf = torch.randn(b, kv, s + 50, dh), torch.randn(b, kv, s + 50, dh)
+    k, v = k_buf[:, :, :s], v_buf[:, :, :s]
+    mask = None
+    if kind == "mask":
+        mask = torch.rand(b, 1, t, s) > 0.4
+        mask[0, 0, 0] = False  # a query that sees no key
+    assert ops.attend_f32_fusable(q, k, v)
+    with torch.no_grad():
+        got = ops.attend_f32(q, k, v, mask, kind == "causal")
+    want = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=mask, is_causal=kind == "causal", enable_gqa=True
+    )
+    if mask is not None:
+        want = torch.nan_to_num(want, nan=0.0)
+        want[0, :, 0] = 0.0  # the blind query: zeros (SDPA gives NaN)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_f32
+def test_fp32_attention_is_taken_at_inference_only(monkeypatch):
+    from ernie5.model import attention
+    from ernie5.model.mask import AttnMask
+
+    calls = []
+    real = ops.attend_f32
+    monkeypatch.setattr(ops, "attend_f32", lambda *a: calls.append(a[0].shape[2]) or real(*a))
+    q, k, v = torch.randn(1, 4, 12, 32), torch.randn(1, 2, 12, 32), torch.randn(1, 2, 12, 32)
+    causal = AttnMask(is_causal=True)
+    with torch.no_grad():
+        out = attention._sdpa(q, k, v, causal)
+        attention._sdpa(q[:, :, :10], k, v, causal)  # causal with T != S: PyTorch's rule, PyTorch's SDPA
+    assert calls == [12]
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    q.requires_grad_()
+    attention._sdpa(q, k, v, causal).sum().backward()  # with a gradient: PyTorch's SDPA
+    assert calls == [12] and q.grad is not None
+    with torch.no_grad():
+        assert not ops.attend_f32_fusable(q.bfloat16(), k.bfloat16(), v.bfloat16())
+        assert not ops.attend_f32_fusable(q[..., :24], k[..., :24], v[..., :24])  # head dim 24
+
+
+@needs_f32
+def test_fp32_model_prefill_then_decode_equals_the_training_path():
+    """A fp32 micro model's cached prefill and decode steps (the inference kernels) give the logits
+    of one forward with gradients enabled (PyTorch's SDPA and the padded experts)."""
+    from ernie5.model.model import Ernie5Model
+    from tests.conftest import tiny_config
+
+    torch.manual_seed(0)
+    m = Ernie5Model(tiny_config(d_model=64)).eval()
+    x = torch.randint(0, 64, (2, 20))
+    want = m(x).logits_BTV.detach()
+    with torch.no_grad():
+        cache = m.new_cache(2, 20)
+        first = m(x[:, :17], cache=cache).logits_BTV
+        rest = [m(x[:, i : i + 1], cache=cache).logits_BTV for i in range(17, 20)]
+    got = torch.cat([first, *rest], dim=1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
