@@ -48,14 +48,19 @@ using namespace ernie5_kernels;
 constexpr int64_t kCols = 64;  // token rows per work item: 4 vectors, one column chunk
 
 // C[r][16 j + l] = sum_k A[r * ars + k] * B[k * ldb + 16 j + l] for r < R, j < Z; whole vectors.
+// With pf (the next tile's A rows, ars apart), one of their cache lines is fetched per step of k
+// until all are, as the bf16 expert kernels do: A is a weight streamed from memory.
 template <int R, int Z>
-inline void micro(const float* a, int64_t ars, const float* b, int64_t ldb, int64_t kn, float* c, int64_t ldc) {
+inline void micro(const float* a, int64_t ars, const float* b, int64_t ldb, int64_t kn, float* c, int64_t ldc,
+                  const float* pf = nullptr) {
+  const int64_t pf_n = pf ? R * ((kn + 15) / 16) : 0;
   __m512 acc[R][Z];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < Z; ++j) acc[r][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kn; ++k) {
+    if (k < pf_n) _mm_prefetch(reinterpret_cast<const char*>(pf + (k % R) * ars + (k / R) * 16), _MM_HINT_T0);
     __m512 bv[Z];
 #pragma GCC unroll 4
     for (int j = 0; j < Z; ++j) bv[j] = _mm512_loadu_ps(b + k * ldb + 16 * j);
@@ -87,7 +92,10 @@ template <int Z>
 void rows(int64_t m, const float* a, int64_t ars, const float* b, int64_t ldb, int64_t kn, float* c, int64_t ldc) {
   constexpr int MR = Z == 4 ? 6 : Z == 3 ? 8 : Z == 2 ? 12 : 16;
   int64_t r = 0;
-  for (; r + MR <= m; r += MR) micro<MR, Z>(a + r * ars, ars, b, ldb, kn, c + r * ldc, ldc);
+  for (; r + MR <= m; r += MR) {
+    const float* pf = r + 2 * MR <= m ? a + (r + MR) * ars : nullptr;
+    micro<MR, Z>(a + r * ars, ars, b, ldb, kn, c + r * ldc, ldc, pf);
+  }
   rows_tail<Z, MR - 1>(m - r, a + r * ars, ars, b, ldb, kn, c + r * ldc, ldc);
 }
 
@@ -150,9 +158,10 @@ void expert_block(const float* w13, const float* w2, const float* x, const int64
 
 constexpr int64_t kQueryRows = 32;  // query rows per attention work item
 
-// One work item of attend_f32: query rows [t0, t0 + nr) of head hi of batch row bi against the
-// transposed keys kt (Dh, s16) of its kv head and its values (rows kss apart). Scores go to sc
-// (nr, s16), then probabilities; the output rows (B, T, H, Dh) layout, o_row apart.
+// One work item of attend_f32, for one (batch row, head): query rows [t0, t0 + nr) of q (rows qst
+// apart) against its kv head's transposed keys kt (Dh, s16) and values v (rows kss apart), mask the
+// batch row's (T, S) or null. Scores go to the scratch sc (nr, s16) and become probabilities there;
+// output row t goes to o + t * ost.
 void attend_block(const float* q, int64_t qst, const float* kt, const float* v, int64_t kss, const bool* mask,
                   bool causal, float* o, int64_t ost, int64_t nr, int64_t t0, int64_t tq, int64_t s, int64_t dh,
                   float* sc, int64_t s16) {
@@ -180,9 +189,7 @@ void attend_block(const float* q, int64_t qst, const float* kt, const float* v, 
       mxv = _mm512_max_ps(mxv, x);
     }
     const float mx = _mm512_reduce_max_ps(mxv);
-    float* orow = o + t * ost;
-    if (mx == -INFINITY) {  // a row that sees no key: zeros
-      std::fill(orow, orow + dh, 0.f);
+    if (mx == -INFINITY) {  // a row that sees no key: zero probabilities, so a zero output below
       std::fill(row, row + 16 * hv, 0.f);
       continue;
     }
@@ -196,7 +203,7 @@ void attend_block(const float* q, int64_t qst, const float* kt, const float* v, 
     const __m512 inv = _mm512_div_ps(one, _mm512_set1_ps(_mm512_reduce_add_ps(sumv)));
     for (int64_t j = 0; j < 16 * hv; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
   }
-  // o (nr, Dh) = P (nr, keys) @ V (keys, Dh); rows that saw no key are zeros in P too.
+  // o (nr, Dh) = P (nr, keys) @ V (keys, Dh).
   gemm(nr, dh / 16, sc, s16, v, kss, hi_key, o + t0 * ost, ost);
 }
 
