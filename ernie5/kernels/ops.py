@@ -78,22 +78,30 @@ def experts_rows_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torc
     )
 
 
-def attend_rows_fusable(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
-    """Whether ``attend_rows`` (few-query attention of ``cpu_decode.cpp``) can take these: at most
-    :data:`ROWS_MAX` query rows (``B * Tq``), no gradient needed, :func:`fusable`, a head dim that
-    is a multiple of 16 up to 128, keys and values of one layout with a contiguous head dim
+def _attention_layout_ok(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
+    """What the attention kernels need of the shapes: a head dim that is a multiple of 16, query
+    heads a multiple of the kv heads, and keys and values of one layout with a contiguous head dim
     (KV-cache views)."""
-    b, h, t, dh = q_BHTD.shape
     return (
-        b * t <= ROWS_MAX
-        and dh % 16 == 0
-        and dh <= 128
-        and not _needs_grad(q_BHTD, k_BKSD, v_BKSD)
-        and fusable(q_BHTD, k_BKSD, v_BKSD)
+        q_BHTD.shape[3] % 16 == 0
         and k_BKSD.shape == v_BKSD.shape
         and k_BKSD.stride() == v_BKSD.stride()
         and k_BKSD.stride(3) == 1
-        and h % k_BKSD.shape[1] == 0
+        and q_BHTD.shape[1] % k_BKSD.shape[1] == 0
+    )
+
+
+def attend_rows_fusable(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
+    """Whether ``attend_rows`` (few-query attention of ``cpu_decode.cpp``) can take these: at most
+    :data:`ROWS_MAX` query rows (``B * Tq``), no gradient needed, :func:`fusable`, a head dim up to
+    128 and :func:`_attention_layout_ok`."""
+    b, _, t, dh = q_BHTD.shape
+    return (
+        b * t <= ROWS_MAX
+        and dh <= 128
+        and _attention_layout_ok(q_BHTD, k_BKSD, v_BKSD)
+        and not _needs_grad(q_BHTD, k_BKSD, v_BKSD)
+        and fusable(q_BHTD, k_BKSD, v_BKSD)
         and kernels().rows_kernels_available()
     )
 
@@ -252,20 +260,13 @@ def expert_gemm_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch
 
 def attend_f32_fusable(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor) -> bool:
     """Whether ``attend_f32`` (fp32 inference attention of ``cpu_infer_f32.cpp``) can take these:
-    fp32 on CPU, no gradient needed, an AVX-512 build, a head dim that is a multiple of 16, GQA
-    head counts, and keys and values of one layout with a contiguous head dim (KV-cache views)."""
+    fp32 on CPU, no gradient needed, an AVX-512 build, at least as many keys as queries and
+    :func:`_attention_layout_ok`."""
     if q_BHTD.dtype != torch.float32 or _needs_grad(q_BHTD, k_BKSD, v_BKSD):
         return False
     if not fusable(q_BHTD, k_BKSD, v_BKSD) or not kernels().expert_f32_available():
         return False
-    return (
-        q_BHTD.shape[3] % 16 == 0
-        and k_BKSD.shape == v_BKSD.shape
-        and k_BKSD.stride() == v_BKSD.stride()
-        and k_BKSD.stride(3) == 1
-        and q_BHTD.shape[1] % k_BKSD.shape[1] == 0
-        and k_BKSD.shape[2] >= q_BHTD.shape[2]
-    )
+    return _attention_layout_ok(q_BHTD, k_BKSD, v_BKSD) and k_BKSD.shape[2] >= q_BHTD.shape[2]
 
 
 def attend_f32(
