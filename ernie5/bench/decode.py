@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from ernie5.bench.timing import environment, synchronizer
+from ernie5.bench.timing import environment, median_seconds, synchronizer
 from ernie5.extract import extract_subnet
 from ernie5.generate import generate
 from ernie5.model.config import ModelConfig
@@ -79,7 +79,7 @@ def bench_decode(
     for dt_name in dtypes:
         dtype = torch.bfloat16 if dt_name == "bf16" else torch.float32
         model = base.to(dtype) if dtype != torch.float32 else base
-        prefill_tps[dt_name] = _prefill_tokens_per_s(model, prefill_len, repeats, sync)
+        prefill_tps[dt_name] = _prefill_tokens_per_s(model, prefill_len, repeats)
         runs = {}  # spec -> (label, prefill fn, decode fn)
         for spec, sub in subs.items():
             if spec == "d0.75-w0.5-k1":
@@ -141,19 +141,11 @@ def bench_decode(
     }
 
 
-def _prefill_tokens_per_s(model: Ernie5Model, length: int, repeats: int, sync) -> float:
+def _prefill_tokens_per_s(model: Ernie5Model, length: int, repeats: int) -> float:
     """Median tokens/s of a ``1 x length`` forward that fills a fresh KV cache (one warm-up call)."""
     device = model.tok_emb.weight.device
     ids = torch.randint(16, model.cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(1))
     ids = ids.to(device)
-    times = []
     with torch.inference_mode():
-        for i in range(repeats + 1):
-            cache = model.new_cache(1, length)
-            sync()
-            t0 = time.perf_counter()
-            model(ids, cache=cache)
-            sync()
-            if i:
-                times.append(time.perf_counter() - t0)
-    return length / statistics.median(times)
+        seconds = median_seconds(lambda: model(ids, cache=model.new_cache(1, length)), repeats, 1, device)
+    return length / seconds

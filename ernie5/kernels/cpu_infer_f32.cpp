@@ -213,7 +213,7 @@ void attend_block(const float* q, int64_t qst, const float* kt, const float* v, 
 
 #if defined(__AVX512F__)
 
-bool expert_f32_available() { return true; }
+bool infer_f32_available() { return true; }
 
 // y (N, D) = sum over each token's A routed pairs of its expert's gated SwiGLU output, fp32.
 // w13 (E, 2F, D), w2 (E, D, F), x (N, D), gates (N * A) per pair; tok and pair (E * cap): each
@@ -346,7 +346,7 @@ torch::Tensor attend_f32(torch::Tensor q, torch::Tensor k, torch::Tensor v, torc
 
 #else
 
-bool expert_f32_available() { return false; }
+bool infer_f32_available() { return false; }
 torch::Tensor attend_f32(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, bool) {
   TORCH_CHECK(false, "attend_f32: this build has no AVX-512");
   return {};

@@ -1353,7 +1353,7 @@ std::tuple<torch::Tensor, torch::Tensor, double, torch::Tensor, double, torch::T
     torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor tok, torch::Tensor h, torch::Tensor g,
     torch::Tensor gate, torch::Tensor dy, torch::Tensor n);
 // cpu_infer_f32.cpp (same extension)
-bool expert_f32_available();
+bool infer_f32_available();
 torch::Tensor expert_ffn_infer(torch::Tensor w13, torch::Tensor w2, torch::Tensor x, torch::Tensor gates,
                                torch::Tensor tok, torch::Tensor pair, torch::Tensor n);
 torch::Tensor attend_f32(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor mask, bool causal);
@@ -1493,7 +1493,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("expert_up_dw", &expert_up_dw);
   m.def("expert_ffn_fwd", &expert_ffn_fwd);
   m.def("expert_ffn_bwd", &expert_ffn_bwd);
-  m.def("expert_f32_available", &expert_f32_available);
+  m.def("infer_f32_available", &infer_f32_available);
   m.def("expert_ffn_infer", &expert_ffn_infer);
   m.def("attend_f32", &attend_f32);
   m.def("attention_available", &attention_available);

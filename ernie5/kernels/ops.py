@@ -38,7 +38,8 @@ class _NoGradCtx:
         pass
 
 
-def _needs_grad(*tensors: torch.Tensor) -> bool:
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd will record an op on these: grad mode on and one of them requiring a gradient."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
@@ -57,7 +58,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if (
         0 < x.numel() <= ROWS_MAX * k
         and k % 16 == 0
-        and not _needs_grad(x, weight)
+        and not needs_grad(x, weight)
         and fusable(x, weight)
         and kernels().rows_kernels_available()
     ):
@@ -70,7 +71,7 @@ def experts_rows_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torc
     """Whether ``expert_rows`` (the decoding experts of ``cpu_decode.cpp``) can take these: no
     gradient needed, :func:`fusable`, ``d_model`` and ``d_expert`` multiples of 16."""
     return (
-        not _needs_grad(x_ND, w13_EFD, w2_EDF)
+        not needs_grad(x_ND, w13_EFD, w2_EDF)
         and x_ND.shape[1] % 16 == 0
         and w2_EDF.shape[2] % 16 == 0
         and fusable(x_ND, w13_EFD, w2_EDF)
@@ -100,7 +101,7 @@ def attend_rows_fusable(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torc
         b * t <= ROWS_MAX
         and dh <= 128
         and _attention_layout_ok(q_BHTD, k_BKSD, v_BKSD)
-        and not _needs_grad(q_BHTD, k_BKSD, v_BKSD)
+        and not needs_grad(q_BHTD, k_BKSD, v_BKSD)
         and fusable(q_BHTD, k_BKSD, v_BKSD)
         and kernels().rows_kernels_available()
     )
@@ -123,7 +124,7 @@ def attend_rows(
 
 def _apply(fn: type[torch.autograd.Function], *args):
     """``fn.apply(*args)``, or where no tensor argument needs a gradient, its forward alone."""
-    if _needs_grad(*(a for a in args if isinstance(a, torch.Tensor))):
+    if needs_grad(*(a for a in args if isinstance(a, torch.Tensor))):
         return fn.apply(*args)
     return fn.forward(_NoGradCtx(), *args)
 
@@ -262,9 +263,9 @@ def attend_f32_fusable(q_BHTD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch
     """Whether ``attend_f32`` (fp32 inference attention of ``cpu_infer_f32.cpp``) can take these:
     fp32 on CPU, no gradient needed, an AVX-512 build, at least as many keys as queries and
     :func:`_attention_layout_ok`."""
-    if q_BHTD.dtype != torch.float32 or _needs_grad(q_BHTD, k_BKSD, v_BKSD):
+    if q_BHTD.dtype != torch.float32 or needs_grad(q_BHTD, k_BKSD, v_BKSD):
         return False
-    if not fusable(q_BHTD, k_BKSD, v_BKSD) or not kernels().expert_f32_available():
+    if not fusable(q_BHTD, k_BKSD, v_BKSD) or not kernels().infer_f32_available():
         return False
     return _attention_layout_ok(q_BHTD, k_BKSD, v_BKSD) and k_BKSD.shape[2] >= q_BHTD.shape[2]
 
@@ -284,17 +285,14 @@ def attend_f32(
 
 
 def expert_infer_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor) -> bool:
-    """Whether the fp32 inference experts (``cpu_infer_f32.cpp``) can take these: fp32 on CPU, an
-    AVX-512 build, ``d_model`` and ``d_expert`` multiples of 16, and nothing that needs a gradient
-    (they have no backward)."""
-    if x_ND.dtype != torch.float32 or not fusable(x_ND, w13_EFD, w2_EDF):
-        return False
-    if torch.is_grad_enabled() and (x_ND.requires_grad or w13_EFD.requires_grad or w2_EDF.requires_grad):
-        return False
-    if not kernels().expert_f32_available():
-        return False
-    d, f = w2_EDF.shape[1], w2_EDF.shape[2]
-    return d % 16 == 0 and f % 16 == 0
+    """Whether the fp32 inference experts (``cpu_infer_f32.cpp``) can take these: fp32, and what the
+    decoding experts need (:func:`experts_rows_fusable`: no gradient, as they have no backward;
+    CPU; ``d_model`` and ``d_expert`` multiples of 16)."""
+    return (
+        x_ND.dtype == torch.float32
+        and experts_rows_fusable(x_ND, w13_EFD, w2_EDF)
+        and kernels().infer_f32_available()
+    )
 
 
 _GRAD_SUMSQ: dict[int, tuple[int, int, float]] = {}

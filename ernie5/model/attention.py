@@ -133,9 +133,7 @@ def _sdpa(q_BHTD, k_BKTD, v_BKTD, mask: AttnMask) -> torch.Tensor:
     there, for one query against a hundred keys); other bf16 inference on CPU runs the fused
     kernel's forward (:data:`FUSED_INFER_MAX_KEYS`), and fp32 inference
     :func:`ernie5.kernels.ops.attend_f32` (nano, 512 causal keys: 1.0 ms against SDPA's 2.6)."""
-    needs_grad = torch.is_grad_enabled() and (
-        q_BHTD.requires_grad or k_BKTD.requires_grad or v_BKTD.requires_grad
-    )
+    needs_grad = ops.needs_grad(q_BHTD, k_BKTD, v_BKTD)
     if (
         q_BHTD.dtype == torch.bfloat16
         and q_BHTD.device.type == "cpu"

@@ -12,7 +12,7 @@ from ernie5.model.config import MoEConfig
 from ernie5.model.moe import MoE, experts_loop, experts_sorted, plan_dispatch, route
 
 needs_f32 = pytest.mark.skipif(
-    kernels() is None or not kernels().expert_f32_available(),
+    kernels() is None or not kernels().infer_f32_available(),
     reason="the fp32 expert kernel needs an AVX-512 build",
 )
 
