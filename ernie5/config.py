@@ -7,7 +7,10 @@ mappings and ``--set dotted.key=value`` overrides into those dataclasses, strict
 * an unknown key is an error naming the dotted key and the valid keys;
 * a value of the wrong type is an error naming the dotted key, the value and the expected type;
 * an out-of-range value is rejected by the dataclass's own ``__post_init__``, whose
-  ``ValueError`` is re-raised with the dotted prefix of where that dataclass sits.
+  ``ValueError`` is re-raised with the dotted prefix of where that dataclass sits;
+* a key the dataclass has retired (its ``RETIRED`` mapping: key -> the value every file written
+  before still holds) is skipped when it holds that value, so old checkpoints and run folders
+  load, and is an error otherwise.
 
 Every error is a :class:`ConfigError` with a one-line message.
 """
@@ -116,9 +119,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    retired = getattr(cls, "RETIRED", {})
     kwargs = {}
     for name, value in data.items():
         dotted = f"{prefix}.{name}" if prefix else str(name)
+        if name in retired:
+            if value != retired[name]:
+                raise ConfigError(
+                    f"{dotted}={value!r}: the key is retired; files written before may hold only "
+                    f"{retired[name]!r} ({cls.__name__}.RETIRED says why)"
+                )
+            continue
         if name not in fields:
             valid = ", ".join(sorted(fields))
             raise ConfigError(f"unknown key {dotted!r} (valid keys: {valid})")

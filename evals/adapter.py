@@ -1,7 +1,10 @@
-"""The ERNIE5 checkpoint as an :class:`~evals.api.EvalModel`; the sub-model switches in process.
+"""One sub-model of an ERNIE5 checkpoint as an :class:`~evals.api.EvalModel`.
 
-The supernet is loaded once; :meth:`Ernie5EvalModel.set_subnet` changes which sub-model answers
-(the forward takes the subnet as an argument, nothing is copied or re-loaded).
+An :class:`Ernie5EvalModel` is bound to one checkpoint and one concrete sub-model for its whole
+life; a sweep makes one per sub-model over the same loaded supernet (the forward takes the subnet
+as an argument, so nothing is copied or re-loaded). Every method returns :class:`~evals.api.Answers`:
+the results, each request's share of its batch's wall time and token counts, the seconds spent in
+model forwards and the expert loads of the real tokens. The adapter keeps no state between calls.
 
 Tokenisation follows lm-eval's conventions: every sequence starts with BOS; a loglikelihood
 continuation is the token difference between ``encode(context + continuation)`` and
@@ -11,9 +14,7 @@ scores a document in windows of ``max_seq_len`` tokens with a stride of half a w
 token after the first window is predicted with at least half a window of left context.
 
 Batches: requests are sorted by length and scored ``batch_size`` at a time (right padding for
-scoring, left padding for generation), then returned in the original order. Each answer carries
-its share of the batch's wall time and its token counts in :attr:`last_stats` for the response
-cache. Time spent inside model forwards accumulates in :attr:`model_seconds`.
+scoring, left padding for generation), then returned in the original order.
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ernie5 import audio_docs
-from ernie5.checkpoint import Checkpoint, checkpoint_hash
-from ernie5.generate import generate
-from ernie5.generate_audio import AudioSampling, generate_audio, speech_prompt
-from ernie5.generate_vision import generate_media
+from ernie5.data.audio_sources import speaker_id
+from ernie5.generation.audio import AudioSampling, generate_audio, speech_prompt
+from ernie5.generation.text import generate
+from ernie5.generation.vision import generate_media
 from ernie5.model.elastic import Subnet
+from ernie5.model.inputs import Inputs
 from ernie5.model.model import ModelOutput
-from ernie5.sequence import pack, text_segment
-from ernie5.tokenizers.special import BOA, BOS, EOA, PAD
-from ernie5.vision_docs import (
+from ernie5.sequence import audio as audio_docs
+from ernie5.sequence.segments import pack, text_segment
+from ernie5.sequence.vision import (
     encode_media,
     media_markers,
     prompt_ids,
@@ -42,8 +43,12 @@ from ernie5.vision_docs import (
     to_uint8,
     understanding_segment,
 )
+from ernie5.store.checkpoint import Checkpoint, checkpoint_hash
+from ernie5.tokenizers.special import BOA, BOS, EOA, PAD
 from evals.api import (
+    Answers,
     Context,
+    Cost,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
@@ -66,10 +71,57 @@ class EvalInputError(ValueError):
     """A request this model cannot take (e.g. an image for a text-only checkpoint)."""
 
 
-class Ernie5EvalModel:
-    """An ERNIE5 checkpoint plus the current sub-model."""
+class _Tally:
+    """What one call to the adapter spent: seconds inside model forwards and the expert loads of
+    the real (non-padding) tokens; made per call, returned with its answers."""
 
-    def __init__(self, ckpt: Checkpoint, subnet: Subnet | None = None, batch_size: int = 16) -> None:
+    def __init__(self, routing: bool) -> None:
+        self.model_s = 0.0
+        self.routing: dict[int, torch.Tensor] | None = {} if routing else None
+
+    def timed(self, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)``, its wall time added to :attr:`model_s`."""
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.model_s += time.perf_counter() - t
+
+    def record(self, out: ModelOutput, real_BT: torch.Tensor) -> None:
+        """Add one forward's expert loads over the positions ``real_BT`` marks."""
+        if self.routing is None:
+            return
+        for layer, r in out.routing.items():
+            ids = r.expert_ids_NA[real_BT.reshape(-1).to(r.expert_ids_NA.device)].reshape(-1)
+            counts = torch.bincount(ids, minlength=r.counts_E.numel()).cpu()
+            self.routing[layer] = self.routing.get(layer, torch.zeros_like(counts)) + counts
+
+    def answers(self, results: list, costs: list[Cost]) -> Answers:
+        """The call's :class:`~evals.api.Answers`."""
+        routing = {k: v.tolist() for k, v in (self.routing or {}).items()}
+        return Answers(results, costs, model_s=self.model_s, routing=routing)
+
+
+class Ernie5EvalModel:
+    """One concrete sub-model of an ERNIE5 checkpoint, answering evaluation requests.
+
+    Args:
+        ckpt: the loaded checkpoint (its model is shared, never modified).
+        subnet: the sub-model that answers (None = the full model).
+        batch_size: requests per forward.
+        routing: record expert loads in every answer.
+        ckpt_hash: the checkpoint's hash, when the caller has it already (computed otherwise).
+    """
+
+    def __init__(
+        self,
+        ckpt: Checkpoint,
+        subnet: Subnet | None = None,
+        batch_size: int = 16,
+        *,
+        routing: bool = True,
+        ckpt_hash: str | None = None,
+    ) -> None:
         if ckpt.tokenizer is None:
             raise EvalInputError(f"{ckpt.path}: the checkpoint has no tokenizer.json")
         self.ckpt = ckpt
@@ -77,18 +129,11 @@ class Ernie5EvalModel:
         self.tokenizer = ckpt.tokenizer
         self.batch_size = batch_size
         self.max_len = ckpt.cfg.max_seq_len
-        self.ckpt_hash = checkpoint_hash(ckpt.path)
+        self.ckpt_hash = ckpt_hash or checkpoint_hash(ckpt.path)
         self.subnet = subnet or Subnet.full(ckpt.cfg)
-        self.model_seconds = 0.0
-        self.last_stats: list[tuple[float, int, int]] = []
-        self.routing: dict[int, torch.Tensor] | None = None
-        """Set to ``{}`` to accumulate expert loads (routed pairs per expert, per layer)."""
+        self.routing = routing
 
     # ---------------------------------------------------------------- identity
-    def set_subnet(self, subnet: Subnet) -> None:
-        """Answer with ``subnet`` from now on."""
-        self.subnet = subnet
-
     @property
     def fingerprint(self) -> str:
         """Checkpoint hash + the concrete sub-model + dtype + adapter version."""
@@ -111,28 +156,22 @@ class Ernie5EvalModel:
             parts.append(p)
         return "".join(parts)
 
-    def _forward(self, ids_BT: torch.Tensor, real_BT: torch.Tensor) -> torch.Tensor:
-        t = time.perf_counter()
+    def _run(self, inputs: Inputs, real_BT: torch.Tensor, tally: _Tally) -> ModelOutput:
+        """One scoring forward of the sub-model, timed, with the expert loads of the positions
+        ``real_BT`` marks recorded."""
         with torch.inference_mode():
-            out = self.model(ids_BT, subnet=self.subnet)
-        self.model_seconds += time.perf_counter() - t
-        self._record(out, real_BT)
-        return out.logits_BTV
+            out = tally.timed(self.model, inputs, subnet=self.subnet)
+        tally.record(out, real_BT)
+        return out
 
-    def _record(self, out: ModelOutput, real_BT: torch.Tensor) -> None:
-        if self.routing is None:
-            return
-        real_N = real_BT.reshape(-1)
-        for layer, r in out.routing.items():
-            ids = r.expert_ids_NA[real_N].reshape(-1)
-            counts = torch.bincount(ids, minlength=r.counts_E.numel())
-            self.routing[layer] = self.routing.get(layer, torch.zeros_like(counts)) + counts
-
-    def _score(self, seqs: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
-        """Sum log P of the last ``n`` tokens of each sequence, and whether they are all greedy."""
+    def _score(
+        self, seqs: list[tuple[list[int], int]], tally: _Tally
+    ) -> tuple[list[tuple[float, bool]], list[Cost]]:
+        """Sum log P of the last ``n`` tokens of each sequence, whether they are all greedy, and
+        each sequence's cost."""
         order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i][0]))
         results: list[tuple[float, bool]] = [(0.0, True)] * len(seqs)
-        stats: list[tuple[float, int, int]] = [(0.0, 0, 0)] * len(seqs)
+        costs: list[Cost] = [Cost()] * len(seqs)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             t0 = time.perf_counter()
@@ -143,55 +182,54 @@ class Ernie5EvalModel:
                 toks = seqs[i][0]
                 ids[row, : len(toks) - 1] = torch.tensor(toks[:-1])
                 real[row, : len(toks) - 1] = True
-            logprobs = self._forward(ids, real).float().log_softmax(dim=-1)
+            # Right padding: no real token attends to the padding after it (causal attention).
+            logprobs = self._run(Inputs(ids), real, tally).logits_BTV.float().log_softmax(dim=-1)
             dt = (time.perf_counter() - t0) / len(idx)
             for row, i in enumerate(idx):
                 toks, n = seqs[i]
                 if n == 0:
-                    results[i] = (0.0, True)
-                    stats[i] = (dt, len(toks), 0)
+                    results[i], costs[i] = (0.0, True), Cost(dt, len(toks), 0)
                     continue
                 tgt = torch.tensor(toks[-n:])
                 pos = torch.arange(len(toks) - 1 - n, len(toks) - 1)
                 lp = logprobs[row, pos]
                 results[i] = (float(lp.gather(-1, tgt[:, None]).sum()), bool((lp.argmax(-1) == tgt).all()))
-                stats[i] = (dt, len(toks) - n, n)
-        self.last_stats = stats
-        return results
+                costs[i] = Cost(dt, len(toks) - n, n)
+        return results, costs
 
     # ---------------------------------------------------------------- EvalModel
-    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> Answers[LoglikelihoodResult]:
         """log P(continuation | context) per request (see module docstring for tokenisation)."""
+        tally = _Tally(self.routing)
+        results: list[LoglikelihoodResult | None] = [None] * len(requests)
+        costs: list[Cost] = [Cost()] * len(requests)
         media = [i for i, r in enumerate(requests) if _has_media(r.context)]
+        text = [i for i, r in enumerate(requests) if not _has_media(r.context)]
         if media:
-            out: list[LoglikelihoodResult | None] = [None] * len(requests)
-            text_idx = [i for i in range(len(requests)) if i not in set(media)]
-            text_res = self.loglikelihood([requests[i] for i in text_idx]) if text_idx else []
-            text_stats = self.last_stats
-            media_res = self._media_loglikelihood([requests[i] for i in media])
-            stats = [(0.0, 0, 0)] * len(requests)
-            for i, r, st in zip(text_idx, text_res, text_stats):
-                out[i], stats[i] = r, st
-            for i, r, st in zip(media, media_res, self.last_stats):
-                out[i], stats[i] = r, st
-            self.last_stats = stats
-            return out  # type: ignore[return-value]
-        seqs = []
-        for r in requests:
-            ctx_text = self._text(r.context)
-            ctx = self.tokenizer.encode(ctx_text)
-            whole = self.tokenizer.encode(ctx_text + r.continuation)
-            if whole[: len(ctx)] == ctx:
-                cont = whole[len(ctx) :]
-            else:
-                cont = self.tokenizer.encode(r.continuation)
-            toks = [BOS, *ctx, *cont][-(self.max_len + 1) :]
-            seqs.append((toks, min(len(cont), len(toks) - 1)))
-        scored = self._score(seqs)
-        return [LoglikelihoodResult(lp, greedy, n) for (lp, greedy), (_, n) in zip(scored, seqs)]
+            got, got_costs = self._media_loglikelihood([requests[i] for i in media], tally)
+            for i, r, c in zip(media, got, got_costs, strict=True):
+                results[i], costs[i] = r, c
+        if text:
+            seqs = []
+            for i in text:
+                r = requests[i]
+                ctx_text = self._text(r.context)
+                ctx = self.tokenizer.encode(ctx_text)
+                whole = self.tokenizer.encode(ctx_text + r.continuation)
+                if whole[: len(ctx)] == ctx:
+                    cont = whole[len(ctx) :]
+                else:
+                    cont = self.tokenizer.encode(r.continuation)
+                toks = [BOS, *ctx, *cont][-(self.max_len + 1) :]
+                seqs.append((toks, min(len(cont), len(toks) - 1)))
+            scored, got_costs = self._score(seqs, tally)
+            for i, (lp, greedy), (_, n), c in zip(text, scored, seqs, got_costs, strict=True):
+                results[i], costs[i] = LoglikelihoodResult(lp, greedy, n), c
+        return tally.answers(results, costs)
 
-    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[RollingResult]:
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> Answers[RollingResult]:
         """log P(document), in half-overlapping windows of ``max_seq_len`` tokens."""
+        tally = _Tally(self.routing)
         windows: list[tuple[list[int], int]] = []
         owner: list[int] = []
         n_tokens = []
@@ -207,20 +245,21 @@ class Ernie5EvalModel:
                 windows.append((toks[max(0, end - window) : end], end - done))
                 owner.append(i)
                 done = end
-        scored = self._score(windows)
-        per_window = self.last_stats
+        scored, window_costs = self._score(windows, tally)
         totals = [0.0] * len(requests)
-        stats = [(0.0, 0, 0)] * len(requests)
-        for (lp, _), i, st in zip(scored, owner, per_window):
+        spent = [(0.0, 0, 0)] * len(requests)
+        for (lp, _), i, c in zip(scored, owner, window_costs, strict=True):
             totals[i] += lp
-            stats[i] = (stats[i][0] + st[0], stats[i][1] + st[1], stats[i][2] + st[2])
-        self.last_stats = stats
-        return [RollingResult(totals[i], n_tokens[i]) for i in range(len(requests))]
+            s = spent[i]
+            spent[i] = (s[0] + c.latency_s, s[1] + c.n_input_tokens, s[2] + c.n_output_tokens)
+        results = [RollingResult(totals[i], n_tokens[i]) for i in range(len(requests))]
+        return tally.answers(results, [Cost(*s) for s in spent])
 
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def generate(self, requests: list[GenerationRequest]) -> Answers[GenerationResult]:
         """Continuations cut at the first stop string; batched by generation settings and length."""
+        tally = _Tally(self.routing)
         out: list[GenerationResult | None] = [None] * len(requests)
-        stats: list[tuple[float, int, int]] = [(0.0, 0, 0)] * len(requests)
+        costs: list[Cost] = [Cost()] * len(requests)
         prompts = []
         for r in requests:
             room = self.max_len - r.max_new_tokens
@@ -247,14 +286,35 @@ class Ernie5EvalModel:
                 idx = members[start : start + self.batch_size]
                 t0 = time.perf_counter()
                 stops = [requests[i].stop for i in idx]
-                new = self._generate_batch([prompts[i] for i in idx], max_new, temperature, seed, stops)
+                batch = [prompts[i] for i in idx]
+                new = self._generate_batch(batch, max_new, temperature, seed, stops, tally)
                 dt = (time.perf_counter() - t0) / len(idx)
                 for row, i in enumerate(idx):
                     text = _cut(self.tokenizer.decode(new[row]), requests[i].stop)
                     out[i] = GenerationResult(text, len(new[row]))
-                    stats[i] = (dt, len(prompts[i]), len(new[row]))
-        self.last_stats = stats
-        return out  # type: ignore[return-value]
+                    costs[i] = Cost(dt, _prompt_len(prompts[i]), len(new[row]))
+        return tally.answers(out, costs)
+
+    def _generate_batch(self, prompts, max_new, temperature, seed, stops, tally: _Tally) -> list[list[int]]:
+        decode = self.tokenizer.decode
+
+        def should_stop(row: int, toks: list[int]) -> bool:
+            if not stops[row]:
+                return False
+            tail = decode(toks[-32:])
+            return any(s in tail for s in stops[row])
+
+        return tally.timed(
+            generate,
+            self.model,
+            prompts,
+            max_new,
+            subnet=self.subnet,
+            temperature=temperature,
+            seed=seed,
+            should_stop=should_stop,
+            on_forward=tally.record if tally.routing is not None else None,
+        )
 
     # ---------------------------------------------------------------- multimodal
     def _require_vision(self):
@@ -309,8 +369,10 @@ class Ernie5EvalModel:
         und = understanding_segment(self.ckpt.cfg.vision, enc.pixels[0], enc.cnn[0])
         return [text_segment([begin]), und, text_segment([end])]
 
-    def _media_loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
-        """Continuation log-probabilities after contexts holding images or clips."""
+    def _media_loglikelihood(
+        self, requests: list[LoglikelihoodRequest], tally: _Tally
+    ) -> tuple[list[LoglikelihoodResult], list[Cost]]:
+        """Continuation log-probabilities after contexts holding images, clips or audio."""
         docs, n_cont = [], []
         encoded: dict[int, list] = {}  # the choices of one question share one image: encode it once
         for r in requests:
@@ -333,7 +395,7 @@ class Ernie5EvalModel:
             docs.append(segs)
             n_cont.append(len(cont))
         results: list[LoglikelihoodResult] = []
-        stats: list[tuple[float, int, int]] = []
+        costs: list[Cost] = []
         for start in range(0, len(docs), self.batch_size):
             chunk = docs[start : start + self.batch_size]
             t0 = time.perf_counter()
@@ -342,28 +404,23 @@ class Ernie5EvalModel:
                 raise EvalInputError(
                     f"a media context of {max(lengths)} positions exceeds max_seq_len={self.max_len}"
                 )
-            batch = pack(chunk, max(lengths), n_rows=len(chunk), one_per_row=True)
-            t = time.perf_counter()
-            with torch.inference_mode():
-                out = self.model(**batch.model_inputs(targets=False), subnet=self.subnet)
-            self.model_seconds += time.perf_counter() - t
-            self._record(out, batch.doc_ids >= 0)
-            logprobs = out.logits_BTV.float().log_softmax(-1)
+            inputs = pack(chunk, max(lengths), n_rows=len(chunk), one_per_row=True).inputs
+            logprobs = self._run(inputs, inputs.doc_ids_BT >= 0, tally).logits_BTV.float().log_softmax(-1)
             dt = (time.perf_counter() - t0) / len(chunk)
             for row, (length, n) in enumerate(zip(lengths, n_cont[start : start + len(chunk)])):
-                tgt = batch.input_ids[row, length - n : length]
+                tgt = inputs.ids_BT[row, length - n : length]
                 lp = logprobs[row, length - n - 1 : length - 1]
                 greedy = bool((lp.argmax(-1) == tgt).all()) if n else True
                 results.append(LoglikelihoodResult(float(lp.gather(-1, tgt[:, None]).sum()), greedy, n))
-                stats.append((dt, length - n, n))
-        self.last_stats = stats
-        return results
+                costs.append(Cost(dt, length - n, n))
+        return results, costs
 
-    def generate_media(self, requests: list[MediaGenerationRequest]) -> list[MediaResult]:
+    def generate_media(self, requests: list[MediaGenerationRequest]) -> Answers[MediaResult]:
         """Images or clips for text prompts (NFSP with guidance), batched by settings."""
         vt = self._require_vision()
+        tally = _Tally(self.routing)
         out: list[MediaResult | None] = [None] * len(requests)
-        stats = [(0.0, 0, 0)] * len(requests)
+        costs: list[Cost] = [Cost()] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
             groups.setdefault((r.n_frames, r.cfg_scale, r.temperature, r.seed), []).append(i)
@@ -373,7 +430,8 @@ class Ernie5EvalModel:
                 part = idx[start : start + self.batch_size]
                 prompts = [[BOS, *prompt_ids(self.tokenizer, requests[i].prompt)] for i in part]
                 t = time.perf_counter()
-                media = generate_media(
+                media = tally.timed(
+                    generate_media,
                     self.model,
                     vt,
                     prompts,
@@ -383,21 +441,18 @@ class Ernie5EvalModel:
                     seed=seed,
                     subnet=self.subnet,
                 )
-                dt = time.perf_counter() - t
-                self.model_seconds += dt
+                dt = (time.perf_counter() - t) / len(part)
                 for row, i in enumerate(part):
                     out[i] = MediaResult(media[row], frames * per_frame)
-                    stats[i] = (dt / len(part), len(prompts[row]), frames * per_frame)
-        self.last_stats = stats
-        return out  # type: ignore[return-value]
+                    costs[i] = Cost(dt, len(prompts[row]), frames * per_frame)
+        return tally.answers(out, costs)
 
-    def generate_speech(self, requests: list[SpeechGenerationRequest]) -> list[MediaResult]:
+    def generate_speech(self, requests: list[SpeechGenerationRequest]) -> Answers[MediaResult]:
         """Waveforms for text prompts: Next-Codec Prediction, then the codec's decoder."""
         codec = self._require_audio()
-        from train.audio_data import speaker_id
-
+        tally = _Tally(self.routing)
         out: list[MediaResult | None] = [None] * len(requests)
-        stats = [(0.0, 0, 0)] * len(requests)
+        costs: list[Cost] = [Cost()] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
             groups.setdefault((r.max_frames, r.temperature, r.top_k, r.seed), []).append(i)
@@ -419,17 +474,15 @@ class Ernie5EvalModel:
                     ids = [BOS, *self.tokenizer.encode(requests[i].prompt)]
                     prompts.append(speech_prompt([text_segment(ids)], q, spk))
                 t = time.perf_counter()
-                codes = generate_audio(self.model, prompts, sampling, subnet=self.subnet)
-                waves = audio_docs.decode_codes(codec, codes)
-                dt = time.perf_counter() - t
-                self.model_seconds += dt
+                codes = tally.timed(generate_audio, self.model, prompts, sampling, subnet=self.subnet)
+                waves = tally.timed(audio_docs.decode_codes, codec, codes)
+                dt = (time.perf_counter() - t) / len(part)
                 for row, i in enumerate(part):
                     out[i] = MediaResult(waves[row], len(codes[row]))
-                    stats[i] = (dt / len(part), _prompt_len(prompts[row]), len(codes[row]))
-        self.last_stats = stats
-        return out  # type: ignore[return-value]
+                    costs[i] = Cost(dt, _prompt_len(prompts[row]), len(codes[row]))
+        return tally.answers(out, costs)
 
-    def reconstruct(self, requests: list[ReconstructionRequest]) -> list[MediaResult]:
+    def reconstruct(self, requests: list[ReconstructionRequest]) -> Answers[MediaResult]:
         """Vision-tokenizer or audio-codec round trips (encode at full depth, decode)."""
         out = []
         for r in requests:
@@ -445,49 +498,22 @@ class Ernie5EvalModel:
             with torch.inference_mode():
                 rec = vt.decode(vt.encode(pixels).f_hat)
             out.append(MediaResult(to_uint8(rec)[0]))
-        self.last_stats = [(0.0, 0, 0)] * len(requests)
-        return out
+        return Answers(out)
 
-    def refine(self, requests: list[RefineRequest]) -> list[MediaResult]:
+    def refine(self, requests: list[RefineRequest]) -> Answers[MediaResult]:
         """The cascaded refiner's 2x upsampling of images or clips (frame by frame)."""
         if self.ckpt.refiner is None:
             raise EvalInputError(f"{self.ckpt.path}: the checkpoint ships no cascaded refiner")
-        out, stats = [], []
+        tally = _Tally(False)
+        out, costs = [], []
         for r in requests:
             t = time.perf_counter()
             data = np.asarray(r.media.data)
             frames = data[None] if r.media.modality == "image" else data
-            hi = self.ckpt.refiner.refine(frames, steps=r.steps or None, seed=r.seed)
-            dt = time.perf_counter() - t
-            self.model_seconds += dt
+            hi = tally.timed(self.ckpt.refiner.refine, frames, steps=r.steps or None, seed=r.seed)
             out.append(MediaResult(hi))
-            stats.append((dt, 0, 0))
-        self.last_stats = stats
-        return out
-
-    def _generate_batch(self, prompts, max_new, temperature, seed, stops) -> list[list[int]]:
-        decode = self.tokenizer.decode
-
-        def should_stop(row: int, toks: list[int]) -> bool:
-            if not stops[row]:
-                return False
-            tail = decode(toks[-32:])
-            return any(s in tail for s in stops[row])
-
-        t = time.perf_counter()
-        sink: Callable | None = self._record if self.routing is not None else None
-        new = generate(
-            self.model,
-            prompts,
-            max_new,
-            subnet=self.subnet,
-            temperature=temperature,
-            seed=seed,
-            should_stop=should_stop,
-            on_forward=sink,
-        )
-        self.model_seconds += time.perf_counter() - t
-        return new
+            costs.append(Cost(time.perf_counter() - t, 0, 0))
+        return tally.answers(out, costs)
 
 
 def _prompt_len(prompt: list) -> int:

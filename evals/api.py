@@ -15,12 +15,18 @@ adapter turns into segments of the unified sequence. The contracts follow lm-eva
   (optional): a waveform for a text prompt (Next-Codec Prediction, optionally with a speaker);
   ``reconstruct`` (optional): a vision-tokenizer or audio-codec round trip; ``refine`` (optional):
   the cascaded refiner's 2x upsampling. All four answer with :class:`MediaResult`.
+
+Every method answers a list of requests with :class:`Answers`: the results in request order, what
+each cost (HELM-style latency and token counts, which the response cache stores with the answer),
+the seconds spent inside model forwards and, for a mixture-of-experts model, how many (token,
+slot) pairs each expert of each layer received from the real (non-padding) tokens. Nothing about a
+call comes back any other way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,54 @@ class MediaResult:
 
 
 Response = LoglikelihoodResult | RollingResult | GenerationResult | MediaResult
+R = TypeVar("R", LoglikelihoodResult, RollingResult, GenerationResult, MediaResult)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What answering one request cost: its share of its batch's wall time and its token counts."""
+
+    latency_s: float = 0.0
+    n_input_tokens: int = 0
+    n_output_tokens: int = 0
+
+
+@dataclass
+class Answers(Generic[R]):
+    """A model's answers to a list of requests, with what they cost."""
+
+    results: list[R]
+    """One result per request, in request order."""
+    costs: list[Cost] | None = None
+    """One cost per request (None: all zero)."""
+    model_s: float = 0.0
+    """Seconds spent inside model forwards for these answers."""
+    routing: dict[int, list[int]] = field(default_factory=dict)
+    """MoE layer -> routed (token, slot) pairs per expert, over real tokens (empty: not recorded,
+    or not an MoE model)."""
+
+    def __post_init__(self) -> None:
+        if self.costs is None:
+            self.costs = [Cost()] * len(self.results)
+        if len(self.costs) != len(self.results):
+            raise ValueError(f"{len(self.results)} results but {len(self.costs)} costs")
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self):
+        return iter(self.results)
+
+    def __getitem__(self, i: int) -> R:
+        return self.results[i]
+
+
+def add_routing(total: dict[int, list[int]], more: dict[int, list[int]]) -> dict[int, list[int]]:
+    """``total`` with the expert loads of ``more`` added, layer by layer (in place; returned)."""
+    for layer, counts in more.items():
+        old = total.get(layer)
+        total[layer] = list(counts) if old is None else [a + b for a, b in zip(old, counts, strict=True)]
+    return total
 
 
 @runtime_checkable
@@ -165,15 +219,15 @@ class EvalModel(Protocol):
         """Identity of the weights *and* the subnet; two models with different answers never share it."""
         ...
 
-    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> Answers[LoglikelihoodResult]:
         """One result per request, in order."""
         ...
 
-    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[RollingResult]:
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> Answers[RollingResult]:
         """One result per request, in order."""
         ...
 
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def generate(self, requests: list[GenerationRequest]) -> Answers[GenerationResult]:
         """One result per request, in order."""
         ...
 

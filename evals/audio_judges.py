@@ -47,8 +47,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ernie5.audio_features import log_mel
 from ernie5.data.audio import DIGIT_WORDS, SAMPLE_RATE, Utterance, normalize_text
+from ernie5.tokenizers.audio_features import log_mel
 
 ASR_JUDGE_VERSION = 1
 BLANK = 0

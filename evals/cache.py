@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from evals.api import (
+    Answers,
+    Cost,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
@@ -195,7 +197,10 @@ class ResponseCache:
 
 
 class CachedModel:
-    """An EvalModel that answers from the cache and asks ``model`` only for misses."""
+    """An EvalModel that answers from the cache and asks ``model`` only for misses.
+
+    The answers carry the cached costs for hits and the model's for misses; ``model_s`` and
+    ``routing`` are those of the call that answered the misses (a hit runs no forward)."""
 
     def __init__(self, model: Any, cache: ResponseCache | None) -> None:
         self.model = model
@@ -207,7 +212,7 @@ class CachedModel:
     def fingerprint(self) -> str:  # noqa: D102
         return self.model.fingerprint
 
-    def _call(self, requests: list[Request], method: str) -> list[Response]:
+    def _call(self, requests: list[Request], method: str) -> Answers:
         if not hasattr(self.model, method):
             raise AttributeError(f"the model has no {method}() (e.g. no vision tokenizer or no refiner)")
         if self.cache is None:
@@ -219,18 +224,24 @@ class CachedModel:
         todo = [i for i, k in enumerate(keys) if k not in found]
         self.hits += len(requests) - len(todo)
         self.misses += len(todo)
-        answers: dict[str, Response] = {k: v[0] for k, v in found.items()}
+        answers: dict[str, tuple[Response, Cost]] = {k: (v[0], Cost(*v[1:])) for k, v in found.items()}
+        model_s, routing = 0.0, {}
         if todo:
             uniq = list(dict.fromkeys(keys[i] for i in todo))
             first = {k: next(i for i in todo if keys[i] == k) for k in uniq}
             reqs = [requests[first[k]] for k in uniq]
-            resps = getattr(self.model, method)(reqs)
-            stats = getattr(self.model, "last_stats", None) or [(0.0, 0, 0)] * len(resps)
+            got = getattr(self.model, method)(reqs)
             self.cache.put_many(
-                [(k, fp, rq, rs, st[0], st[1], st[2]) for k, rq, rs, st in zip(uniq, reqs, resps, stats)]
+                [
+                    (k, fp, rq, rs, c.latency_s, c.n_input_tokens, c.n_output_tokens)
+                    for k, rq, rs, c in zip(uniq, reqs, got.results, got.costs, strict=True)
+                ]
             )
-            answers.update(zip(uniq, resps))
-        return [answers[k] for k in keys]
+            answers.update(zip(uniq, zip(got.results, got.costs, strict=True)))
+            model_s, routing = got.model_s, got.routing
+        return Answers(
+            [answers[k][0] for k in keys], [answers[k][1] for k in keys], model_s=model_s, routing=routing
+        )
 
     def loglikelihood(self, requests):  # noqa: D102
         return self._call(requests, "loglikelihood")

@@ -1,7 +1,7 @@
 """Per-subnet efficiency, measured in the same run as the scores.
 
 For each sub-model:
-  * ``total_params`` / ``active_params`` / ``flops_per_token``: analytic (``ernie5.params``) at the
+  * ``total_params`` / ``active_params`` / ``flops_per_token``: analytic (``ernie5.subnets.params``) at the
     context ``prompt_len + decode_tokens``;
   * ``active_params_measured``: the non-routed active parameters plus, per MoE layer, the routed
     (token, expert) pairs per token actually recorded while the suite ran, times the parameters of
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from ernie5.checkpoint import save_checkpoint
-from ernie5.extract import extract_subnet
-from ernie5.generate import generate
+from ernie5.generation.text import generate
 from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
-from ernie5.params import count_params
+from ernie5.store.checkpoint import save_checkpoint
+from ernie5.subnets.extract import extract_subnet
+from ernie5.subnets.params import count_params
 from evals.suite import EfficiencyConfig
 
 

@@ -33,12 +33,14 @@ import yaml  # noqa: E402
 from lm_eval.api.model import LM  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 
-from ernie5.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
-from ernie5.model.elastic import parse_subnet, resolve  # noqa: E402
-from ernie5.params import count_params  # noqa: E402
+from ernie5.data.root import resolve_data_dir  # noqa: E402
+from ernie5.store.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
+from ernie5.subnets.params import count_params  # noqa: E402
+from ernie5.subnets.resolve import resolve_specs  # noqa: E402
 from evals.adapter import Ernie5EvalModel  # noqa: E402
-from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest  # noqa: E402
+from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest, add_routing  # noqa: E402
 from evals.cache import CachedModel, ResponseCache  # noqa: E402
+from evals.task import Evaluable, UnitResult  # noqa: E402
 
 LM_EVAL_VERSION = importlib.metadata.version("lm-eval")
 USE_CACHE_ERROR = (
@@ -62,7 +64,7 @@ def _quiet_lm_eval():
     import lm_eval.api.task as task_module
     import lm_eval.evaluator as evaluator
 
-    from ernie5.runs import git_info
+    from ernie5.store.runs import git_info
 
     saved_hash, saved_tqdm = evaluator.get_git_commit_hash, task_module.tqdm
     evaluator.get_git_commit_hash = lambda: git_info()["git_hash"]
@@ -77,9 +79,11 @@ def _quiet_lm_eval():
 class _DeviceEvalModel(Ernie5EvalModel):
     """The adapter with its inputs moved to the model's device and the logits brought back."""
 
-    def _forward(self, ids_BT, real_BT):
+    def _run(self, inputs, real_BT, tally):
         dev = self.model.tok_emb.weight.device
-        return super()._forward(ids_BT.to(dev), real_BT.to(dev)).cpu()
+        out = super()._run(inputs.to(dev), real_BT.to(dev), tally)
+        out.logits_BTV = out.logits_BTV.cpu()
+        return out
 
 
 @register_model("ernie5")
@@ -102,18 +106,9 @@ class Ernie5LM(LM):
         if not re.fullmatch(r"cpu|cuda(:\d+)?", dev) or (dev != "cpu" and not torch.cuda.is_available()):
             raise ValueError(f"ernie5: device={dev!r}: use cpu, or cuda[:N] on a machine with CUDA")
         ckpt = load_checkpoint(resolve_checkpoint(checkpoint), device=dev)
-        spec, importance = parse_subnet(str(subnet)), None
-        if "importance" in (spec.layers, spec.experts):
-            from ernie5.data.root import resolve_data_dir
-            from ernie5.extract import compute_importance
-            from ernie5.serve import calibration_batches
-
-            batches = calibration_batches(ckpt.tokenizer, resolve_data_dir(None))
-            importance = compute_importance(ckpt.model, batches)
+        (sub,) = resolve_specs([str(subnet)], ckpt, resolve_data_dir(None))
         bs = 16 if batch_size is None or str(batch_size).startswith("auto") else max(1, int(batch_size))
-        model = (Ernie5EvalModel if dev == "cpu" else _DeviceEvalModel)(
-            ckpt, resolve(spec, ckpt.cfg, importance), batch_size=bs
-        )
+        model = (Ernie5EvalModel if dev == "cpu" else _DeviceEvalModel)(ckpt, sub, batch_size=bs)
         self._setup(CachedModel(model, ResponseCache(cache)) if cache else model)
         self._device = dev
 
@@ -127,6 +122,16 @@ class Ernie5LM(LM):
 
     def _setup(self, eval_model: Any) -> None:
         self.eval_model, self.max_len = eval_model, int(getattr(_inner(eval_model), "max_len", 2048))
+        self.model_s = 0.0
+        """Seconds the model spent in forwards for every answer so far."""
+        self.routing: dict[int, list[int]] = {}
+        """Expert loads of every answer so far (see :class:`evals.api.Answers`)."""
+
+    def _ask(self, method: str, requests: list) -> list:
+        answers = getattr(self.eval_model, method)(requests)
+        self.model_s += answers.model_s
+        add_routing(self.routing, answers.routing)
+        return answers.results
 
     def set_cache_hook(self, cache_hook: Any) -> None:
         """Called only by lm-eval's CachingLM (``use_cache``), whose key ignores the sub-model: refuse."""
@@ -134,14 +139,14 @@ class Ernie5LM(LM):
 
     def loglikelihood(self, requests: list) -> list[tuple[float, bool]]:  # noqa: D102
         reqs = [LoglikelihoodRequest(r.args[0], r.args[1]) for r in requests]
-        return [(float(a.logprob), bool(a.is_greedy)) for a in self.eval_model.loglikelihood(reqs)]
+        return [(float(a.logprob), bool(a.is_greedy)) for a in self._ask("loglikelihood", reqs)]
 
     def loglikelihood_rolling(self, requests: list) -> list[float]:  # noqa: D102
         reqs = [RollingRequest(r.args[0]) for r in requests]
-        return [float(a.logprob) for a in self.eval_model.loglikelihood_rolling(reqs)]
+        return [float(a.logprob) for a in self._ask("loglikelihood_rolling", reqs)]
 
     def generate_until(self, requests: list) -> list[str]:  # noqa: D102
-        return [a.text for a in self.eval_model.generate([self._gen_request(r.args) for r in requests])]
+        return [a.text for a in self._ask("generate", [self._gen_request(r.args) for r in requests])]
 
     def _gen_request(self, args: tuple) -> GenerationRequest:
         kw, until = dict(args[1] or {}), (args[1] or {}).get("until") or ()
@@ -259,8 +264,8 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, numbers.Real) else math.nan  # stderr may be "N/A"; numpy -> float
 
 
-class LmEvalUnit:
-    """One lm-eval task of a suite's ``lm_eval`` entry, duck-typed like :class:`evals.task.Task`."""
+class LmEvalUnit(Evaluable):
+    """One lm-eval task of a suite's ``lm_eval`` entry, evaluated through ``simple_evaluate``."""
 
     modality = "text"
     capability = "understanding"
@@ -283,7 +288,11 @@ class LmEvalUnit:
             if isinstance(m, dict)
             for f in filters
         }
-        self.kwargs = {"lm_eval_task": lm_eval_task, "num_fewshot": num_fewshot, "lm_eval": LM_EVAL_VERSION}
+        self._kwargs = {"lm_eval_task": lm_eval_task, "num_fewshot": num_fewshot, "lm_eval": LM_EVAL_VERSION}
+
+    @property
+    def kwargs(self) -> dict[str, Any]:  # noqa: D102
+        return self._kwargs
 
     def available(self, data_dir: str | Path | None) -> tuple[bool, str]:
         """``(True, "")`` when every data file the YAML names exists, else a one-line reason."""
@@ -325,10 +334,10 @@ class LmEvalUnit:
             _TASK_MANAGERS[str(dst)] = TaskManager(include_path=str(dst), include_defaults=False)
         return _TASK_MANAGERS[str(dst)]
 
-    def run(
+    def evaluate(
         self, model: Any, *, data_dir: str | Path | None, limit: int | None, seed: int, work_dir: Path
-    ) -> tuple[dict, list[dict]]:
-        """Evaluate ``model`` (an EvalModel): ``({"metrics", "n_examples"}, samples)`` for the unit record."""
+    ) -> UnitResult:
+        """Evaluate ``model`` (an EvalModel) with lm-eval's ``simple_evaluate``."""
         from lm_eval import simple_evaluate
         from lm_eval.loggers import EvaluationTracker
 
@@ -336,9 +345,10 @@ class LmEvalUnit:
         if not ok:
             raise FileNotFoundError(reason)
         task, tm = self.lm_eval_task, self._task_manager(data_dir, work_dir)
+        lm = Ernie5LM.from_eval_model(model)
         with _quiet_lm_eval():
             out = simple_evaluate(
-                model=Ernie5LM.from_eval_model(model),
+                model=lm,
                 tasks=[task],
                 task_manager=tm,
                 limit=limit,
@@ -363,7 +373,8 @@ class LmEvalUnit:
                 "higher_is_better": bool(higher.get(metric, self.metrics.get(metric, True))),
             }
         self.metrics = {name: m["higher_is_better"] for name, m in metrics.items()}
-        return {"metrics": metrics, "n_examples": n}, _samples(out.get("samples", {}).get(task, []))
+        samples = _samples(out.get("samples", {}).get(task, []))
+        return UnitResult(metrics, n, samples, lm.model_s, lm.routing)
 
 
 def _samples(logged: list[dict]) -> list[dict]:

@@ -23,6 +23,7 @@ import string
 import numpy as np
 
 from evals.api import (
+    Answers,
     Context,
     GenerationRequest,
     GenerationResult,
@@ -74,18 +75,18 @@ class RandomModel:
         rng = self._rng(context_key, text.encode("utf-8"), b"score")
         return sum(-0.5 - 4.0 * rng.random() for _ in text)
 
-    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> Answers[LoglikelihoodResult]:
         out = []
         for r in requests:
             key = _context_digest(r.context)
             greedy = self._rng(key, r.continuation.encode("utf-8"), b"greedy").random() < 0.1
             out.append(LoglikelihoodResult(self._score(key, r.continuation), greedy, len(r.continuation)))
-        return out
+        return Answers(out)
 
-    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[RollingResult]:
-        return [RollingResult(self._score(b"rolling", r.text), len(r.text)) for r in requests]
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> Answers[RollingResult]:
+        return Answers([RollingResult(self._score(b"rolling", r.text), len(r.text)) for r in requests])
 
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def generate(self, requests: list[GenerationRequest]) -> Answers[GenerationResult]:
         out = []
         for r in requests:
             settings = f"{r.max_new_tokens}:{r.temperature}:{r.seed}".encode()
@@ -95,21 +96,21 @@ class RandomModel:
                 if stop and stop in text:
                     text = text[: text.index(stop)]
             out.append(GenerationResult(text, len(text)))
-        return out
+        return Answers(out)
 
     def _noise(self, key: bytes, shape: tuple[int, ...]) -> np.ndarray:
         seed = int.from_bytes(hashlib.sha256(str(self.seed).encode() + key).digest()[:8], "big")
         return np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8)
 
-    def generate_media(self, requests: list[MediaGenerationRequest]) -> list[MediaResult]:
+    def generate_media(self, requests: list[MediaGenerationRequest]) -> Answers[MediaResult]:
         """Uniform noise frames of the default 32 px size, a function of the request."""
         out = []
         for r in requests:
             key = f"media:{r.prompt}:{r.n_frames}:{r.cfg_scale}:{r.temperature}:{r.seed}".encode()
             out.append(MediaResult(self._noise(key, (r.n_frames, 32, 32, 3)), r.n_frames * 85))
-        return out
+        return Answers(out)
 
-    def reconstruct(self, requests: list[ReconstructionRequest]) -> list[MediaResult]:
+    def reconstruct(self, requests: list[ReconstructionRequest]) -> Answers[MediaResult]:
         """Noise of the input's shape (a tokenizer or codec that learned nothing)."""
         out = []
         for r in requests:
@@ -118,24 +119,24 @@ class RandomModel:
                 continue
             frames = _frames(r.media)
             out.append(MediaResult(self._noise(_context_digest((r.media,)), frames.shape)))
-        return out
+        return Answers(out)
 
-    def generate_speech(self, requests: list[SpeechGenerationRequest]) -> list[MediaResult]:
+    def generate_speech(self, requests: list[SpeechGenerationRequest]) -> Answers[MediaResult]:
         """Quiet Gaussian noise (8 kHz) of a request-dependent length up to ``max_frames`` 40 ms frames."""
         out = []
         for r in requests:
             key = f"speech:{r.prompt}:{r.speaker}:{r.max_frames}:{r.temperature}:{r.top_k}:{r.seed}".encode()
             n_frames = 1 + self._rng(key).randrange(max(1, r.max_frames))
             out.append(MediaResult(self._wave(key, n_frames * 320), n_frames))
-        return out
+        return Answers(out)
 
     def _wave(self, key: bytes, n: int) -> np.ndarray:
         seed = int.from_bytes(hashlib.sha256(str(self.seed).encode() + key).digest()[:8], "big")
         return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
 
-    def refine(self, requests: list[RefineRequest]) -> list[MediaResult]:
+    def refine(self, requests: list[RefineRequest]) -> Answers[MediaResult]:
         """Nearest-neighbour 2x upsampling (no detail added)."""
-        return [MediaResult(_frames(r.media).repeat(2, axis=1).repeat(2, axis=2)) for r in requests]
+        return Answers([MediaResult(_frames(r.media).repeat(2, axis=1).repeat(2, axis=2)) for r in requests])
 
 
 def _frames(media: MediaPart) -> np.ndarray:

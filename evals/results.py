@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from ernie5.runs import write_atomic, write_json
+from ernie5.store.runs import write_atomic, write_json
 
 RESULT_COLUMNS = (
     "subnet",

@@ -18,7 +18,9 @@ A suite is data only (no templates, no code). Example::
       - {task_dir: lm_eval, tasks: [local_qa], limit: 20}
 
 Subnets are the explicit ``specs`` plus the cross product of the ``grid`` (a value of 1.0 means the
-full dimension), de-duplicated by the concrete sub-model they resolve to. ``lm_eval`` entries name
+full dimension), resolved against the checkpoint by ``ernie5.subnets.resolve.resolve_specs`` (the
+one rule for when importance calibration is needed) and de-duplicated by the concrete sub-model
+they resolve to. ``lm_eval`` entries name
 lm-eval task YAMLs in ``task_dir`` (relative to the suite file); their ``data_files`` may use
 ``{data_dir}``, which the sweep fills in with the absolute data root (lm-eval resolves relative
 paths against the working directory, not the YAML).
@@ -35,7 +37,7 @@ from typing import Any
 
 from ernie5.config import ConfigError, from_dict, read_yaml
 from ernie5.model.config import ModelConfig
-from ernie5.model.elastic import Importance, Subnet, SubnetError, SubnetSpec, parse_subnet, resolve
+from ernie5.model.elastic import Subnet, SubnetError, SubnetSpec, parse_subnet
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -198,28 +200,23 @@ def load_suite(name_or_path: str | Path) -> LoadedSuite:
     return LoadedSuite(cfg, path, path.read_text(encoding="utf-8"))
 
 
-def expand_subnets(
-    cfg: SubnetsConfig, model: ModelConfig, importance: Importance | None = None
-) -> list[Subnet]:
-    """The concrete sub-models of a suite for one model, de-duplicated, ``full`` first."""
+def subnet_specs(cfg: SubnetsConfig) -> list[SubnetSpec]:
+    """The suite's sub-model specs: the explicit ``specs``, then the ``grid`` in product order."""
     specs = [parse_subnet(s) for s in cfg.specs]
     if cfg.grid is not None:
         for d, w, k in itertools.product(cfg.grid.depth, cfg.grid.width, cfg.grid.top_k):
             specs.append(SubnetSpec(depth=d, width=w, top_k=k, layers=cfg.layers, experts=cfg.experts))
+    return specs
+
+
+def distinct_subnets(subnets: list[Subnet], model: ModelConfig) -> list[Subnet]:
+    """``subnets`` without repeats of the same concrete sub-model, the full model first."""
     out: list[Subnet] = []
     seen = set()
-    for spec in specs:
-        sub = resolve(spec, model, importance)
+    for sub in subnets:
         key = (sub.layers, sub.experts, sub.top_k)
         if key not in seen:
             seen.add(key)
             out.append(sub)
     out.sort(key=lambda s: not s.is_full_for(model))
     return out
-
-
-def needs_importance(cfg: SubnetsConfig) -> bool:
-    """Whether any subnet of the suite selects layers or experts by importance."""
-    specs = [parse_subnet(s) for s in cfg.specs]
-    grid_uses = cfg.grid is not None and "importance" in (cfg.layers, cfg.experts)
-    return grid_uses or any(s.layers == "importance" or s.experts == "importance" for s in specs)

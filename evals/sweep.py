@@ -1,6 +1,7 @@
 """``ernie5 sweep``: evaluate every (sub-model, task) unit of a suite on one checkpoint.
 
-Flow: load the suite and the checkpoint once; expand the sub-models; for each unit, skip it if
+Flow: load the suite and the checkpoint once; resolve the sub-models against it
+(:func:`ernie5.subnets.resolve.resolve_specs`); for each unit, skip it if
 ``units/<subnet>/<task>.json`` holds the same fingerprint, else run the task's requests through the
 cached model, score, aggregate and write the unit atomically; then measure each sub-model's
 efficiency and rebuild the tables (``evals.results`` documents the folder).
@@ -26,26 +27,19 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ernie5.checkpoint import checkpoint_hash, load_checkpoint, resolve_checkpoint
 from ernie5.config import ConfigError, to_dict
 from ernie5.data.root import resolve_data_dir
-from ernie5.distributed import init_dist
 from ernie5.model.elastic import Subnet, SubnetError
-from ernie5.runs import append_jsonl, provenance, write_json
-from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel, EvalInputError
-from evals.api import MEDIA_METHODS, GenerationRequest, LoglikelihoodRequest, RollingRequest
+from ernie5.runtime.distributed import init_dist
+from ernie5.store.checkpoint import checkpoint_hash, load_checkpoint, resolve_checkpoint
+from ernie5.store.runs import append_jsonl, provenance, write_json
+from ernie5.subnets.resolve import resolve_specs
+from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
 from evals.cache import CachedModel, ResponseCache
 from evals.efficiency import measure
 from evals.results import read_unit, unit_path, write_tables, write_unit
-from evals.suite import LoadedSuite, expand_subnets, load_suite, needs_importance
-from evals.task import TASKS, Task
-
-_METHOD = {
-    LoglikelihoodRequest: "loglikelihood",
-    RollingRequest: "loglikelihood_rolling",
-    GenerationRequest: "generate",
-    **MEDIA_METHODS,
-}
+from evals.suite import LoadedSuite, distinct_subnets, load_suite, subnet_specs
+from evals.task import TASKS, Evaluable
 
 
 @dataclass
@@ -54,7 +48,7 @@ class UnitPlan:
 
     subnet: Subnet
     name: str
-    task: Task
+    task: Evaluable
     limit: int | None
     seed: int
     fingerprint: str
@@ -160,49 +154,6 @@ def plan_units(
     return units
 
 
-def evaluate_unit(model, plan: UnitPlan, data_dir, work_dir: Path | None = None) -> tuple[dict, list[dict]]:
-    """Run one task on the current sub-model; returns the unit record and its samples."""
-    task = plan.task
-    if hasattr(task, "run"):  # an lm-eval unit (evals.lm_eval_bridge.LmEvalUnit) runs itself
-        return task.run(
-            model,
-            data_dir=data_dir,
-            limit=plan.limit,
-            seed=plan.seed,
-            work_dir=work_dir or Path("lm_eval_work"),
-        )
-    examples = task.examples(data_dir, limit=plan.limit, seed=plan.seed)
-    per_example = [task.requests(ex) for ex in examples]
-    flat = [(i, j, r) for i, reqs in enumerate(per_example) for j, r in enumerate(reqs)]
-    responses: list[list] = [[None] * len(reqs) for reqs in per_example]
-    for kind, method in _METHOD.items():
-        group = [(i, j, r) for i, j, r in flat if isinstance(r, kind)]
-        if not group:
-            continue
-        if not hasattr(model, method):
-            raise EvalInputError(f"task {task.name} needs a model with {method}(); this one has none")
-        answers = getattr(model, method)([r for _, _, r in group])
-        for (i, j, _), a in zip(group, answers):
-            responses[i][j] = a
-    unanswered = {type(r).__name__ for i, j, r in flat if responses[i][j] is None}
-    if unanswered:
-        raise EvalInputError(f"task {task.name}: no model method answers {', '.join(sorted(unanswered))}")
-    scores = [task.score(ex, resp) for ex, resp in zip(examples, responses)]
-    metrics = {}
-    for metric, higher in task.metrics.items():
-        value, stderr = task.aggregate(metric, [s[metric] for s in scores], seed=plan.seed)
-        metrics[metric] = {"value": value, "stderr": stderr, "n": len(scores), "higher_is_better": higher}
-    samples = [
-        {
-            "id": ex.id,
-            "scores": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sc.items()},
-            "sample": task.describe_sample(ex, resp, sc),
-        }
-        for ex, resp, sc in zip(examples, responses, scores)
-    ]
-    return {"metrics": metrics, "n_examples": len(examples)}, samples
-
-
 def _record(plan: UnitPlan, status: str, reason: str = "", **extra) -> dict:
     return {
         "fingerprint": plan.fingerprint,
@@ -243,23 +194,16 @@ def run_sweep(
     data_dir = resolve_data_dir(data_dir)
     ckpt = load_checkpoint(resolve_checkpoint(checkpoint))
     ckpt_hash = checkpoint_hash(ckpt.path)
-    importance = None
-    if needs_importance(cfg.subnets):
-        from ernie5.extract import compute_importance
-        from ernie5.serve import calibration_batches
-
-        importance = compute_importance(ckpt.model, calibration_batches(ckpt.tokenizer, data_dir))
     try:
-        subnets = expand_subnets(cfg.subnets, ckpt.cfg, importance)
+        subnets = distinct_subnets(resolve_specs(subnet_specs(cfg.subnets), ckpt, data_dir), ckpt.cfg)
     except SubnetError as e:
         raise ConfigError(f"{loaded.path}: {e}") from None
     units = plan_units(loaded, ckpt_hash, subnets, data_dir, limit, model_capabilities(ckpt))
     dist = init_dist()
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    model = Ernie5EvalModel(ckpt, batch_size=cfg.batch_size)
     cache = ResponseCache(cache_path or run_dir / "cache.sqlite")
-    cached = CachedModel(model, cache)
+    models = {}  # subnet name -> the cached adapter bound to it (one supernet in memory)
     summary = SweepSummary(run_dir, len(units))
     mine = units[dist.rank :: dist.world]
     bar = None
@@ -275,13 +219,19 @@ def run_sweep(
             write_unit(run_dir, _record(plan, "skipped", plan.reason), [])
             summary.skipped += 1
         else:
-            _compute(cached, model, plan, data_dir, run_dir, cfg.routing, summary)
+            if plan.name not in models:
+                adapter = Ernie5EvalModel(
+                    ckpt, plan.subnet, cfg.batch_size, routing=cfg.routing, ckpt_hash=ckpt_hash
+                )
+                models[plan.name] = CachedModel(adapter, cache)
+            _compute(models[plan.name], plan, data_dir, run_dir, summary)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(subnet=plan.name, task=plan.task.name)
     if bar is not None:
         bar.close()
-    summary.cache_hits, summary.cache_misses = cached.hits, cached.misses
+    summary.cache_hits = sum(m.hits for m in models.values())
+    summary.cache_misses = sum(m.misses for m in models.values())
     cache.close()
     dist.barrier()
     if dist.main:
@@ -329,41 +279,27 @@ def run_sweep(
     return summary
 
 
-def _compute(
-    cached,
-    model: Ernie5EvalModel,
-    plan: UnitPlan,
-    data_dir,
-    run_dir: Path,
-    routing: bool,
-    summary: SweepSummary,
-) -> None:
-    model.set_subnet(plan.subnet)
-    model.routing = {} if routing else None
-    model_s0 = model.model_seconds
+def _compute(model: CachedModel, plan: UnitPlan, data_dir, run_dir: Path, summary: SweepSummary) -> None:
+    """Evaluate one unit, record it (an exception becomes an ``error`` unit) and count it."""
     t0 = time.perf_counter()
     try:
-        result, samples = evaluate_unit(cached, plan, data_dir, run_dir / "lm_eval_tasks")
-        status, reason = "ok", ""
+        result = plan.task.evaluate(
+            model, data_dir=data_dir, limit=plan.limit, seed=plan.seed, work_dir=run_dir / "lm_eval_tasks"
+        )
+        status, reason, samples = "ok", "", result.samples
+        fields = {"metrics": result.metrics, "n_examples": result.n_examples, "model_s": result.model_s}
     except Exception as e:  # noqa: BLE001 - a failing task is recorded and the sweep goes on
-        result, samples = {"traceback": traceback.format_exc()}, []
+        result, samples = None, []
+        fields = {"traceback": traceback.format_exc()}
         status, reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         summary.errors += 1
         summary.error_messages.append(f"{plan.name}/{plan.task.name}: {reason}")
     wall = time.perf_counter() - t0
-    model_s = model.model_seconds - model_s0
-    extra = {}
-    if model.routing:
-        n_real = (
-            sum(int(v.sum()) for v in model.routing.values())
-            // max(1, plan.subnet.top_k)
-            // max(1, len(model.routing))
-        )
-        extra["routing"] = {
-            "tokens": n_real,
-            "counts": {str(k): v.tolist() for k, v in model.routing.items()},
-        }
-    record = _record(plan, status, reason, wall_s=wall, model_s=model_s, **result, **extra)
+    if result is not None and result.routing:
+        counts = result.routing
+        n_real = sum(sum(c) for c in counts.values()) // max(1, plan.subnet.top_k) // max(1, len(counts))
+        fields["routing"] = {"tokens": n_real, "counts": {str(k): v for k, v in sorted(counts.items())}}
+    record = _record(plan, status, reason, wall_s=wall, **fields)
     write_unit(run_dir, record, samples)
     append_jsonl(
         run_dir / "events.jsonl",
@@ -377,7 +313,7 @@ def _compute(
     )
     summary.computed += status == "ok"
     summary.wall_s += wall
-    summary.model_s += model_s
+    summary.model_s += fields.get("model_s", 0.0)
 
 
 def _efficiency(ckpt, subnets: list[Subnet], cfg, run_dir: Path, ckpt_hash: str) -> list[dict]:

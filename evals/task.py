@@ -1,5 +1,9 @@
 """The :class:`Task` base class, the :class:`Example` record and the ``TASKS`` registry.
 
+What a sweep unit evaluates is an :class:`Evaluable`: a registered :class:`Task`, or an lm-eval
+task (``evals.lm_eval_bridge.LmEvalUnit``). Both answer :meth:`Evaluable.evaluate` with a
+:class:`UnitResult`; the sweep never asks which kind it holds.
+
 A task turns dataset items into :class:`Example` s, each example into model requests
 (:mod:`evals.api`), and the responses into per-example metric values, which :meth:`Task.aggregate`
 reduces to ``(value, stderr)``. The flow, for every example::
@@ -24,14 +28,25 @@ import hashlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 from ernie5.config import ConfigError, from_dict, to_dict
 from ernie5.data.root import DataMissing, require_file
 from ernie5.registry import Registry
-from evals.api import GenerationResult, LoglikelihoodResult, Request, Response, RollingResult
+from evals.api import (
+    MEDIA_METHODS,
+    GenerationRequest,
+    GenerationResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    Request,
+    Response,
+    RollingRequest,
+    RollingResult,
+    add_routing,
+)
 from evals.metrics import (
     argmax,
     bootstrap_stderr,
@@ -113,7 +128,70 @@ def _jsonable(value: Score) -> float | list[float]:
     return list(value) if isinstance(value, tuple) else value
 
 
-class Task(ABC):
+METHODS: dict[type, str] = {
+    LoglikelihoodRequest: "loglikelihood",
+    RollingRequest: "loglikelihood_rolling",
+    GenerationRequest: "generate",
+    **MEDIA_METHODS,
+}
+"""The EvalModel method that answers each request kind."""
+
+
+class TaskInputError(ValueError):
+    """A task whose requests the evaluated model cannot answer (no such method)."""
+
+
+@dataclass
+class UnitResult:
+    """What evaluating one task on one model gave."""
+
+    metrics: dict[str, dict[str, Any]]
+    """Metric -> ``{"value", "stderr", "n", "higher_is_better"}``."""
+    n_examples: int
+    samples: list[dict]
+    """One JSON-able record per example (``{"id", "scores", "sample"}``)."""
+    model_s: float = 0.0
+    """Seconds the model spent in forwards answering (0 for answers from the response cache)."""
+    routing: dict[int, list[int]] = field(default_factory=dict)
+    """MoE layer -> routed pairs per expert over the real tokens of the answers computed here."""
+
+
+class Evaluable(ABC):
+    """What a sweep unit evaluates on a model: metadata, data checks and :meth:`evaluate`."""
+
+    name: str
+    version: int
+    modality: Modality
+    capability: Capability
+    metrics: dict[str, bool]
+    """Metric -> higher is better; the primary metric first."""
+    requires: tuple[str, ...] = ()
+    """Model capabilities the task needs beyond text: ``vision`` (a vision tokenizer and module),
+    ``refiner`` (a cascaded refiner), ``audio`` (an audio codec and module). A sweep records the
+    task as skipped on a model without them."""
+
+    @property
+    @abstractmethod
+    def kwargs(self) -> dict[str, Any]:
+        """The resolved options as a plain mapping (for results files and fingerprints)."""
+
+    @abstractmethod
+    def available(self, data_dir: str | Path | None) -> tuple[bool, str]:
+        """``(True, "")`` if everything the task reads is present, else ``(False, one-line reason)``."""
+
+    @abstractmethod
+    def fingerprint_data(self, data_dir: str | Path | None) -> str:
+        """sha256 over everything the task reads ("" for procedural tasks)."""
+
+    @abstractmethod
+    def evaluate(
+        self, model: Any, *, data_dir: str | Path | None, limit: int | None, seed: int, work_dir: Path
+    ) -> UnitResult:
+        """Evaluate ``model`` (an :class:`~evals.api.EvalModel`) on ``limit`` examples drawn with
+        ``seed``; ``work_dir`` is scratch space the task may use."""
+
+
+class Task(Evaluable):
     """Base class: metadata as class variables, options as a frozen dataclass, four small methods."""
 
     name: ClassVar[str]
@@ -128,9 +206,6 @@ class Task(ABC):
     """Files read, relative to the data root; empty for procedural tasks."""
     how_to_get: ClassVar[str] = ""
     requires: ClassVar[tuple[str, ...]] = ()
-    """Model capabilities the task needs beyond text: ``vision`` (a vision tokenizer and module),
-    ``refiner`` (a cascaded refiner), ``audio`` (an audio codec and module). A sweep records the
-    task as skipped on a model without them."""
     Options: ClassVar[type] = NoOptions
     """Frozen dataclass of the task's kwargs; ``__post_init__`` checks ranges."""
     fixed: ClassVar[dict[str, Any]] = {}
@@ -202,6 +277,48 @@ class Task(ABC):
             fn = CORPUS_METRICS[metric]
             return fn(list(values)), bootstrap_stderr(fn, list(values), seed=seed, n=BOOTSTRAP_ITERS)
         return mean_stderr([float(v) for v in values])  # type: ignore[arg-type]
+
+    def evaluate(
+        self, model: Any, *, data_dir: str | Path | None, limit: int | None, seed: int, work_dir: Path
+    ) -> UnitResult:
+        """Examples -> requests -> one model call per request kind -> scores -> aggregates.
+
+        Raises:
+            TaskInputError: the model has no method for a kind of request the task makes.
+        """
+        examples = self.examples(data_dir, limit=limit, seed=seed)
+        per_example = [self.requests(ex) for ex in examples]
+        flat = [(i, j, r) for i, reqs in enumerate(per_example) for j, r in enumerate(reqs)]
+        responses: list[list] = [[None] * len(reqs) for reqs in per_example]
+        model_s, routing = 0.0, {}
+        for kind, method in METHODS.items():
+            group = [(i, j, r) for i, j, r in flat if isinstance(r, kind)]
+            if not group:
+                continue
+            if not hasattr(model, method):
+                raise TaskInputError(f"task {self.name} needs a model with {method}(); this one has none")
+            answers = getattr(model, method)([r for _, _, r in group])
+            for (i, j, _), a in zip(group, answers.results, strict=True):
+                responses[i][j] = a
+            model_s += answers.model_s
+            add_routing(routing, answers.routing)
+        unanswered = {type(r).__name__ for i, j, r in flat if responses[i][j] is None}
+        if unanswered:
+            raise TaskInputError(f"task {self.name}: no model method answers {', '.join(sorted(unanswered))}")
+        scores = [self.score(ex, resp) for ex, resp in zip(examples, responses)]
+        metrics = {}
+        for metric, higher in self.metrics.items():
+            value, stderr = self.aggregate(metric, [s[metric] for s in scores], seed=seed)
+            metrics[metric] = {"value": value, "stderr": stderr, "n": len(scores), "higher_is_better": higher}
+        samples = [
+            {
+                "id": ex.id,
+                "scores": {k: _jsonable(v) for k, v in sc.items()},
+                "sample": self.describe_sample(ex, resp, sc),
+            }
+            for ex, resp, sc in zip(examples, responses, scores)
+        ]
+        return UnitResult(metrics, len(examples), samples, model_s, routing)
 
     def describe_sample(self, example: Example, responses: list[Response], scores: dict[str, Score]) -> dict:
         """A short JSON-able view of one scored example for per-sample logs and report drill-downs."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ernie5.runs import write_atomic
+from ernie5.store.runs import write_atomic
 from reports import formatting as f
 from reports import paired, plots
 from reports.definitions import COMPARE_ABOUT

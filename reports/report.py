@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ernie5.runs import write_atomic
+from ernie5.store.runs import write_atomic
 from reports import sections
 from reports.analysis import analyze, tables
 from reports.html import page

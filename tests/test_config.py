@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import copy
+import dataclasses
+import typing
 
-from ernie5.config import ConfigError, apply_overrides, dump, from_dict, load, parse_scalar
+import pytest
+import yaml
+
+from ernie5.config import ConfigError, apply_overrides, dump, from_dict, load, parse_scalar, read_yaml
+from ernie5.model.config import ModelConfig, MoEConfig
 from ernie5.presets import preset_names, resolve_config_path
-from train.config import RunConfig
+from train.config import OptimConfig, RunConfig, TrainConfig
 
 
 @pytest.mark.parametrize(
@@ -32,13 +38,96 @@ def test_bad_values_name_the_dotted_key(data, fragment):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", preset_names())
-def test_presets_round_trip(name):
-    cfg = load(RunConfig, resolve_config_path(name))
-    assert load(RunConfig, None, []) is not None
-    import yaml
+def _assert_loaded(cfg, data: dict, prefix: str = "") -> None:
+    """Every field of ``cfg`` holds what ``data`` (a YAML mapping) says, with its annotated type,
+    nested dataclasses included, and every field ``data`` leaves out holds its default."""
+    assert dataclasses.is_dataclass(cfg), prefix
+    hints = typing.get_type_hints(type(cfg))
+    fields = dataclasses.fields(cfg)
+    retired = getattr(type(cfg), "RETIRED", {})
+    assert set(data) <= {f.name for f in fields} | set(retired), prefix
+    for f in fields:
+        key, value, tp = f"{prefix}{f.name}", getattr(cfg, f.name), hints[f.name]
+        if f.name not in data:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            assert value == default and type(value) is type(default), key
+            continue
+        raw = data[f.name]
+        if dataclasses.is_dataclass(tp):
+            assert type(value) is tp and isinstance(raw, dict), key
+            _assert_loaded(value, raw, f"{key}.")
+        elif typing.get_origin(tp) is tuple:
+            assert type(value) is tuple and list(value) == list(raw), key
+            item = typing.get_args(tp)[0]
+            assert all(type(v) is item for v in value), key
+        elif tp is float:
+            assert type(value) is float and value == raw, key  # YAML's `1` loads as 1.0
+        elif typing.get_origin(tp) is dict:
+            assert type(value) is dict and value == raw, key
+        else:
+            assert type(value) is type(raw) and value == raw, key
 
+
+def test_defaults_load_as_the_dataclass_defaults():
+    cfg = load(RunConfig, None, [])
+    assert cfg == RunConfig()
+    assert type(cfg.model) is ModelConfig and type(cfg.model.moe) is MoEConfig
+    assert type(cfg.train) is TrainConfig and type(cfg.optim) is OptimConfig
+    assert cfg.optim.betas == (0.9, 0.95) and type(cfg.optim.betas) is tuple
+    assert cfg.model.moe.top_k == 2 and cfg.train.dtype == "bf16"
+    _assert_loaded(cfg, {})
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_presets_load_their_values(name):
+    path = resolve_config_path(name)
+    cfg = load(RunConfig, path)
+    assert type(cfg) is RunConfig
+    _assert_loaded(cfg, read_yaml(path))
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_presets_round_trip(name, tmp_path):
+    cfg = load(RunConfig, resolve_config_path(name))
     assert from_dict(RunConfig, yaml.safe_load(dump(cfg))) == cfg
+    again = tmp_path / f"{name}.yaml"
+    again.write_text(dump(cfg))
+    assert load(RunConfig, again) == cfg  # load(dump(load(f))) == load(f), through a file
+    assert dump(load(RunConfig, again)) == dump(cfg)
+    assert "dispatch" not in dump(cfg)  # the retired key is never written
+
+
+def test_retired_moe_dispatch_auto_still_loads(tmp_path):
+    """``model.moe.dispatch`` is retired: every file written before holds ``auto``, which loads."""
+    assert "dispatch" not in {f.name for f in dataclasses.fields(MoEConfig)}
+    base = read_yaml(resolve_config_path("micro"))
+    old = copy.deepcopy(base)
+    old["model"]["moe"]["dispatch"] = "auto"
+    want = from_dict(RunConfig, base)
+    assert from_dict(RunConfig, old) == want
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert load(RunConfig, path) == want
+    assert load(RunConfig, resolve_config_path("micro"), ["model.moe.dispatch=auto"]) == want
+    assert from_dict(ModelConfig, {"moe": {"dispatch": "auto"}}) == ModelConfig()
+
+
+@pytest.mark.parametrize("value", ["sorted", "loop", "grouped", "gather", "AUTO", None, 1])
+def test_retired_moe_dispatch_other_values_are_one_line_errors(value, tmp_path):
+    data = read_yaml(resolve_config_path("micro"))
+    data["model"]["moe"]["dispatch"] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    for build in (lambda: from_dict(RunConfig, data), lambda: load(RunConfig, path)):
+        with pytest.raises(ConfigError) as e:
+            build()
+        msg = str(e.value)
+        assert msg.startswith(f"model.moe.dispatch={value!r}: the key is retired") and "'auto'" in msg
+        assert "\n" not in msg
+    with pytest.raises(ConfigError, match=r"^moe\.dispatch='sorted': the key is retired"):
+        from_dict(ModelConfig, {"moe": {"dispatch": "sorted"}})
+    with pytest.raises(ConfigError, match="unknown key 'model.dispatch'"):  # retired under moe only
+        from_dict(RunConfig, {"model": {"dispatch": "auto"}})
 
 
 def test_set_overrides():

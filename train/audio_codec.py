@@ -16,7 +16,7 @@ offset in silence. Every crop gets a random gain of ``+-gain_db`` (scaled down i
 Loss: ``stft_weight * MR-STFT + mel_weight * log-mel L1 + wave_weight * waveform L1
 + commit_weight * commitment + codec.distill_weight * distillation``, where MR-STFT is the mean over
 ``stft_resolutions`` of spectral convergence plus log-magnitude L1, the log-mel is
-:func:`ernie5.audio_features.log_mel` (256-point FFT, hop 80, 40 mels) and the distillation is the
+:func:`ernie5.tokenizers.audio_features.log_mel` (256-point FFT, hop 80, 40 mels) and the distillation is the
 teacher's loss on level 1 (:mod:`ernie5.tokenizers.audio_teacher`; the MFCC k-means teacher is fitted on
 ``teacher_fit_crops`` training crops before the first step). AdamW, linear warmup + cosine decay,
 gradient clipping; seeded (weights, data, k-means, quantiser dropout) and deterministic on CPU.
@@ -68,12 +68,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ernie5.audio_features import log_mel
 from ernie5.config import check, dump
 from ernie5.data.root import DataMissing, resolve_data_dir
-from ernie5.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.audio_codec import AudioCodec, mel_distance, snr_db
 from ernie5.tokenizers.audio_config import AudioCodecConfig
+from ernie5.tokenizers.audio_features import log_mel
 from ernie5.tokenizers.audio_quant import code_usage
 from ernie5.tokenizers.audio_teacher import MFCCKMeansTeacher, SemanticTeacher, build_teacher
 

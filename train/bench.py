@@ -9,7 +9,7 @@ compute replica (``train.precision``), as ``ernie5 train`` runs.
 matmul FLOP/s measured in the same process before and after the timed steps, the higher of the two
 (perf-anchors.md §2 and §6: the peer's convention, attention-score FLOPs and the MTP module
 ignored). ``mfu_model_flops`` credits everything the step computes, Megatron-LM's way
-(``ernie5.params``: ``train_flops_per_token``: the MTP module's projection, block and logits, and
+(``ernie5.subnets.params``: ``train_flops_per_token``: the MTP module's projection, block and logits, and
 the causal attention cores); the peer, which has no MTP module, is compared on ``mfu``.
 """
 
@@ -23,22 +23,21 @@ import torch
 
 from ernie5.bench.timing import environment, matmul_peak, median_seconds
 from ernie5.config import from_dict, read_yaml
+from ernie5.fast import apply_fast_paths
 from ernie5.model.config import ModelConfig
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE, update_router_bias
-from ernie5.params import count_params
 from ernie5.presets import resolve_config_path
-from ernie5.runtime import tune_allocator
+from ernie5.runtime.allocator import tune_allocator
+from ernie5.subnets.params import count_params
 from train.precision import MixedPrecision
 
 WARMUP_STEPS = 40
 """Untimed steps before the timed ones, so that the median describes a long run. The first steps
-fill oneDNN's kernel cache (one JIT kernel per GEMM shape) and grow the heap to its working set
-(the process stops faulting in fresh pages after 10-15 steps), and the aux-free bias (speed 1e-3)
-flattens the expert loads that a fresh router leaves skewed: the largest expert load per layer fell
-from 170-214 (mean 64) at step 5 to 90-110 from step 25 on, and the nano step from ~410 ms at step 5
-through ~360 ms at step 15 to 320-350 ms from step 30 on (one process, this 2-core Zen 5 VM). A
-long run spends almost all of its steps in that settled state."""
+fill oneDNN's kernel cache (one JIT kernel per GEMM shape) and grow the heap to its working set,
+and the aux-free bias (speed 1e-3) flattens the expert loads that a fresh router leaves skewed
+(slower steps: the busiest expert sets the padded depth); a long run spends almost all of its
+steps in that settled state."""
 
 
 def bench_peer_mixtral(
@@ -181,6 +180,7 @@ def _time_step(
     torch.manual_seed(0)
     model = Ernie5Model(cfg).train()
     mp = MixedPrecision(model, dtype)
+    apply_fast_paths(mp.compute, grad_squares=mp.grad_squares)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     ids = torch.randint(16, cfg.vocab_size, (batch_size, seq_len + 1))
     x, y = ids[:, :-1], ids[:, 1:]
@@ -192,10 +192,10 @@ def _time_step(
         counts = [torch.zeros_like(avail, dtype=torch.long) for _ in moes]
         for _ in range(grad_accum):
             t0 = time.perf_counter()
-            out = mp.compute(x, targets_BT=y, return_logits=False)
-            loss = out.loss
-            if out.mtp_losses:
-                loss = loss + 0.3 * torch.stack(out.mtp_losses).mean()
+            out = mp.compute(x, targets=y, return_logits=False)
+            loss = out.losses.text
+            if out.losses.mtp:
+                loss = loss + 0.3 * torch.stack(out.losses.mtp).mean()
             t1 = time.perf_counter()
             (loss / grad_accum).backward()
             t2 = time.perf_counter()

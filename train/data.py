@@ -24,15 +24,15 @@ from pathlib import Path
 
 import torch
 
-from ernie5 import audio_docs
-from ernie5.audio_docs import encode_waves
 from ernie5.data import procedural
 from ernie5.data import text as text_data
+from ernie5.data.audio_sources import AudioDoc
 from ernie5.data.root import DataMissing
-from ernie5.sequence import Batch, Segment, pack, text_segment
-from ernie5.tokenizers.special import BOA, BOS, EOA, EOS
-from ernie5.tokenizers.text import TextTokenizer
-from ernie5.vision_docs import (
+from ernie5.data.vision_sources import MediaDoc
+from ernie5.sequence import audio as audio_docs
+from ernie5.sequence.audio import encode_waves
+from ernie5.sequence.segments import Batch, Segment, pack, text_segment
+from ernie5.sequence.vision import (
     encode_media,
     generation_segment,
     media_markers,
@@ -40,9 +40,9 @@ from ernie5.vision_docs import (
     to_pixels,
     understanding_segment,
 )
-from train.audio_data import AudioDoc
+from ernie5.tokenizers.special import BOA, BOS, EOA, EOS
+from ernie5.tokenizers.text import TextTokenizer
 from train.config import DataConfig
-from train.vision_data import MediaDoc
 
 DocFn = Callable[[random.Random], str]
 
@@ -105,12 +105,13 @@ class OpenedSources:
 def open_sources(cfg: DataConfig, data_dir: Path | None, image_size: int = 32) -> OpenedSources:
     """Open every configured source; a source with missing data is skipped with its reason.
 
-    Text sources return strings; media sources (``train.vision_data.MEDIA_SOURCES``) return
-    :class:`~train.vision_data.MediaDoc` objects and audio sources (``train.audio_data.AUDIO_SOURCES``)
-    :class:`~train.audio_data.AudioDoc` objects.
+    Text sources return strings; media sources (``ernie5.data.vision_sources.MEDIA_SOURCES``)
+    return :class:`~ernie5.data.vision_sources.MediaDoc` objects and audio sources
+    (``ernie5.data.audio_sources.AUDIO_SOURCES``) :class:`~ernie5.data.audio_sources.AudioDoc`
+    objects.
     """
-    from train.audio_data import AUDIO_SOURCES, open_audio_source
-    from train.vision_data import MEDIA_SOURCES, open_media_source
+    from ernie5.data.audio_sources import AUDIO_SOURCES, open_audio_source
+    from ernie5.data.vision_sources import MEDIA_SOURCES, open_media_source
 
     names, weights, fns, skipped = [], [], [], {}
     known = sorted([*SOURCES, *MEDIA_SOURCES, *AUDIO_SOURCES])

@@ -31,21 +31,23 @@ from pathlib import Path
 import torch
 
 from ernie5.bench.timing import machine_peak
-from ernie5.checkpoint import (
+from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
+from ernie5.data.root import resolve_data_dir
+from ernie5.fast import apply_fast_paths
+from ernie5.model.inputs import IGNORE, Targets
+from ernie5.model.model import Ernie5Model
+from ernie5.model.moe import MoE, update_router_bias
+from ernie5.runtime.distributed import init_dist
+from ernie5.sequence.segments import MODALITIES
+from ernie5.store.checkpoint import (
     CheckpointError,
     load_checkpoint,
     load_train_state,
     resolve_checkpoint,
     save_checkpoint,
 )
-from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
-from ernie5.data.root import resolve_data_dir
-from ernie5.distributed import init_dist
-from ernie5.model.model import Ernie5Model
-from ernie5.model.moe import MoE, update_router_bias
-from ernie5.params import ParamReport, count_params
-from ernie5.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
-from ernie5.sequence import MODALITIES
+from ernie5.store.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
+from ernie5.subnets.params import ParamReport, count_params
 from ernie5.tokenizers.text import TextTokenizer
 from train.config import RunConfig
 from train.data import MixtureStream, open_sources, tokenizer_corpus
@@ -76,7 +78,7 @@ def _param_groups(model: Ernie5Model, weight_decay: float) -> list[dict]:
 
 
 def _train_flops(rep: ParamReport, mtp_ran: bool, mtp_trained: bool) -> float:
-    """Model FLOPs per token of a micro-batch (``ernie5.params``: ``train_flops_per_token``), less
+    """Model FLOPs per token of a micro-batch (``ernie5.subnets.params``: ``train_flops_per_token``), less
     the MTP modules' backward when their loss weight is 0, or all of them when they did not run."""
     return rep.train_flops_per_token - (0 if mtp_trained else 2 if mtp_ran else 3) * rep.mtp_flops_per_token
 
@@ -131,7 +133,7 @@ class Trainer:
         self.sources = open_sources(cfg.data, self.data_dir, cfg.model.vision.image_size)
         tok_path = self.run_dir / "tokenizer.json"
         if self.resume_dir is not None:
-            self._adopt(load_checkpoint(self.resume_dir))
+            self._adopt(load_checkpoint(self.resume_dir, fast=False))
         elif cfg.train.init_from:
             self._init_from(cfg.train.init_from, tok_path)
         else:
@@ -171,6 +173,7 @@ class Trainer:
         )
         self.moe_layers = {i: b.ffn for i, b in enumerate(self.model.layers) if isinstance(b.ffn, MoE)}
         self.precision = MixedPrecision(self.model, cfg.train.dtype)
+        apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
         self.peak = cfg.train.peak_flops or machine_peak(
             torch.bfloat16 if self.precision.bf16 else torch.float32
         )
@@ -204,7 +207,7 @@ class Trainer:
     def _init_from(self, path: str, tok_path: Path) -> None:
         """Start from another run's weights, tokenizer and frozen media models (fresh optimizer)."""
         try:
-            ckpt = load_checkpoint(resolve_checkpoint(path))
+            ckpt = load_checkpoint(resolve_checkpoint(path), fast=False)
         except (CheckpointError, OSError) as e:
             raise RunError(f"train.init_from: {str(e).splitlines()[0]}") from None
         theirs, ours = to_dict(ckpt.cfg), to_dict(self.cfg.model)
@@ -228,7 +231,7 @@ class Trainer:
             raise RunError(
                 "model.audio.enabled needs data.audio_codec (a folder written by ernie5 train-audio-codec)"
             )
-        from ernie5.checkpoint import check_codec_fits
+        from ernie5.store.checkpoint import check_codec_fits
         from ernie5.tokenizers.audio_codec import AudioCodec
 
         try:
@@ -268,7 +271,7 @@ class Trainer:
         """The frozen cascaded refiner named by ``data.refiner`` (shipped in checkpoints), if any."""
         if not self.cfg.data.refiner:
             return None
-        from ernie5.refiner import Refiner, RefinerError
+        from ernie5.tokenizers.refiner import Refiner, RefinerError
 
         try:
             return Refiner.load(self.cfg.data.refiner).eval().requires_grad_(False)
@@ -298,31 +301,29 @@ class Trainer:
         batch = self.stream.batch(step, index)
         subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, index)
         mod_w = torch.tensor([weights[m] for m in MODALITIES])[batch.modality.long()]
-        out = self.precision.compute(
-            **{**batch.model_inputs(), "loss_weights_BT": batch.loss_weights * mod_w},
-            subnet=subnet,
-            return_logits=False,
-        )
+        targets = Targets(batch.targets.ids_BT, batch.targets.weights_BT * mod_w)
+        out = self.precision.compute(batch.inputs, targets=targets, subnet=subnet, return_logits=False)
+        losses = out.losses
         mtp_w = staged(step, cfg.train.steps, cfg.train.mtp_weight, cfg.train.mtp_weight_final, cfg.train)
-        mtp = torch.stack(out.mtp_losses).mean() if out.mtp_losses else None
-        total = out.loss
+        mtp = torch.stack(losses.mtp).mean() if losses.mtp else None
+        total = losses.text
         if mtp is not None and mtp_w > 0:
             total = total + mtp_w * mtp
-        if out.aux_loss is not None:
-            total = total + out.aux_loss
-        if out.vision_loss is not None:
-            total = total + cfg.train.vision_gen_weight * weights.get("vision_gen", 1.0) * out.vision_loss
-        if out.audio_loss is not None:
-            total = total + cfg.train.audio_gen_weight * weights.get("audio_gen", 1.0) * out.audio_loss
+        if losses.aux is not None:
+            total = total + losses.aux
+        if losses.vision is not None:
+            total = total + cfg.train.vision_gen_weight * weights.get("vision_gen", 1.0) * losses.vision
+        if losses.audio is not None:
+            total = total + cfg.train.audio_gen_weight * weights.get("audio_gen", 1.0) * losses.audio
         (total / cfg.train.grad_accum).backward()
         self.precision.accumulate_grads(only_micro_batch=cfg.train.grad_accum == 1 and self.dist.world == 1)
         with torch.no_grad():
-            valid = batch.targets != -100
+            valid = batch.targets.ids_BT != IGNORE
             per_mod = {}
             for i, m in enumerate(MODALITIES):
                 sel = valid & (batch.modality == i)
                 if sel.any():
-                    per_mod[m] = float(out.nll_BT[sel].mean())
+                    per_mod[m] = float(losses.nll_BT[sel].mean())
         counts = {i: r.counts_E.detach() for i, r in out.routing.items()}
         avail = {}
         for i in self.moe_layers:
@@ -330,13 +331,13 @@ class Trainer:
             avail[i] = mask if mask is not None else torch.ones(cfg.model.moe.n_experts, dtype=torch.bool)
         rep = count_params(cfg.model, subnet, cfg.data.seq_len)
         return {
-            "loss": float(out.loss.detach()),
+            "loss": float(losses.text.detach()),
             "total": float(total.detach()),
             "mtp": float(mtp.detach()) if mtp is not None else None,
-            "aux": float(out.aux_loss.detach()) if out.aux_loss is not None else None,
-            "vision_gen": float(out.vision_loss.detach()) if out.vision_loss is not None else None,
-            "audio_gen": float(out.audio_loss.detach()) if out.audio_loss is not None else None,
-            "audio_levels": [float(x.detach()) for x in out.audio_level_losses],
+            "aux": float(losses.aux.detach()) if losses.aux is not None else None,
+            "vision_gen": float(losses.vision.detach()) if losses.vision is not None else None,
+            "audio_gen": float(losses.audio.detach()) if losses.audio is not None else None,
+            "audio_levels": [float(x.detach()) for x in losses.audio_levels],
             "per_mod": per_mod,
             "dims": dims,
             "counts": counts,

@@ -17,8 +17,9 @@ bf16 gradient directly when there is a single micro-batch and process. That move
 per parameter instead of about 48 (fp32 gradient copy, norm, PyTorch's fused AdamW, replica copy):
 the optimizer phase of a nano step is bound by memory bandwidth. The gradient norm does not re-read
 the expert weight gradients, which are 97% of the nano parameters: the kernels that computed them
-also summed their squares (:func:`ernie5.kernels.ops.record_grad_sumsq`), and a recorded sum is
-used only while the gradient is still that very tensor, unchanged. The moments live in the
+also summed their squares into :attr:`MixedPrecision.grad_squares` (give it to
+:func:`ernie5.fast.apply_fast_paths`), and a recorded sum is used only while the gradient is still
+that very tensor, unchanged. The moments live in the
 optimizer's own state (``exp_avg``, ``exp_avg_sq``, ``step``), so checkpoints and resumes are
 those of ``torch.optim.AdamW``. Otherwise the step is :func:`train.clip.clip_and_step` followed
 by a copy of the master weights into the replica.
@@ -32,7 +33,8 @@ import math
 import torch
 from torch import nn
 
-from ernie5.kernels import kernels, ops
+from ernie5.fast import GradSquares
+from ernie5.kernels import kernels
 from train.clip import clip_and_step
 
 
@@ -47,10 +49,11 @@ class MixedPrecision:
         self._c_params = [p for p in self.compute.parameters()]
         self._m_bufs = [b for b in master.buffers()]
         self._c_bufs = [b for b in self.compute.buffers()]
+        self.grad_squares = GradSquares()
+        """Sums of squares of gradients recorded by the kernels that computed them."""
         self._grad_store: list[torch.Tensor | None] = [None] * len(self._m_params)
         """Persistent fp32 gradient buffers, reused every step: allocating ~4 bytes x params of
-        fresh memory per step cost more page faults than the conversion itself (measured 200 ms
-        vs 15 ms per nano step)."""
+        fresh memory per step costs more in page faults than the conversion itself."""
 
     @torch.no_grad()
     def accumulate_grads(self, only_micro_batch: bool = False) -> None:
@@ -65,7 +68,7 @@ class MixedPrecision:
             return
         if only_micro_batch and kernels() is not None:
             return
-        ops.clear_grad_sumsq()  # the replica's gradients are about to be copied or added elsewhere
+        self.grad_squares.clear()  # the replica's gradients are about to be copied or added elsewhere
         copy_dst, copy_src, add_dst, add_src = [], [], [], []
         for i, (m, c) in enumerate(zip(self._m_params, self._c_params)):
             if c.grad is None:
@@ -94,7 +97,7 @@ class MixedPrecision:
         clipping is off). The caller then zeroes the master gradients as usual."""
         if not self._fusable(optimizer):
             self.accumulate_grads()  # gradients left on the replica for a fused step that cannot run
-            ops.clear_grad_sumsq()
+            self.grad_squares.clear()
             norm = clip_and_step(optimizer, self._m_params, max_norm)
             if self.bf16:
                 torch._foreach_copy_(self._c_params, self._m_params)
@@ -107,15 +110,15 @@ class MixedPrecision:
         k = kernels()
         if max_norm > 0:
             # A gradient whose producing kernel already summed its squares (the expert weight
-            # gradients, :func:`ernie5.kernels.ops.record_grad_sumsq`) is not read again for it.
+            # gradients) is not read again for it.
             total = 0.0
             for _, g, c in pairs:
-                known = ops.take_grad_sumsq(c, g) if g is c.grad else None
+                known = self.grad_squares.take(c, g) if g is c.grad else None
                 total += k.sum_squares(g) if known is None else known
             norm = math.sqrt(total)
         else:
             norm = float("nan")
-        ops.clear_grad_sumsq()
+        self.grad_squares.clear()
         # clip_grad_norm_'s factor min(1, max_norm / (norm + 1e-6)).
         inv_scale = min(1.0, max_norm / (norm + 1e-6)) if max_norm > 0 else 1.0
         groups = {id(p): grp for grp in optimizer.param_groups for p in grp["params"]}

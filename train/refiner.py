@@ -12,10 +12,11 @@ at every size) and, when the data root has them, MNIST digits of the project's t
 3. with probability ``p_noise`` additive Gaussian noise, std U[0, ``noise_std_max``] (uint8 units);
 4. with probability ``p_jpeg`` a JPEG round trip (4:4:4), quality U[``jpeg_quality``].
 
-The refiner adds its own noise-conditioning augmentation on top (:mod:`ernie5.refiner`). AdamW with linear
-warmup and a cosine decay whose progress is the larger of the step and the time-budget fractions, so a
-budget-capped run still anneals; an EMA of the weights (``ema_decay``, with the usual warm-up
-``min(decay, (1 + step) / (10 + step))``) is what gets evaluated and saved.
+The refiner adds its own noise-conditioning augmentation on top (:mod:`ernie5.tokenizers.refiner`).
+AdamW with linear warmup and a cosine decay whose progress is the larger of the step and the
+time-budget fractions, so a budget-capped run still anneals; an EMA of the weights
+(``ema_decay``, with the usual warm-up ``min(decay, (1 + step) / (10 + step))``) is what gets
+evaluated and saved.
 
 Output folder::
 
@@ -56,10 +57,10 @@ from PIL import Image, ImageFilter
 
 from ernie5.config import check, dump
 from ernie5.data.root import resolve_data_dir
-from ernie5.refiner import Refiner, RefinerConfig, to_pixels, upsample_uint8
-from ernie5.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.metrics import psnr, ssim
+from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.tokenizers.refiner import Refiner, RefinerConfig, to_pixels, upsample_uint8
 from ernie5.tokenizers.vision import VisionTokenizer, reconstruct
-from evals.metrics import psnr, ssim
 from train.vision_tokenizer import mnist_digits
 
 

@@ -45,7 +45,8 @@ import torch
 
 from ernie5.config import check, dump
 from ernie5.data.root import DataMissing, resolve_data_dir
-from ernie5.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.metrics import psnr, ssim
+from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.vision import (
     VisionTokenizer,
     clips_to_pixels,
@@ -61,7 +62,6 @@ from ernie5.tokenizers.vision_losses import (
     perceptual_loss,
     reconstruction_loss,
 )
-from evals.metrics import psnr, ssim
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

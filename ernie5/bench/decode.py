@@ -15,7 +15,7 @@ decoding. Each row reports ``distinct_tokens`` (of its last round).
 ``speedup`` is relative to the full model in the same dtype: the median over ``repeats`` rounds,
 each timing every sub-model once in turn, of the round's tokens/s ratio (``tokens_per_s`` and
 ``prefill_ms`` are medians too); ``ideal_speedup`` is the ratio of forward FLOPs per token
-(``ernie5.params``, at the mean context of the run); ``fraction_of_ideal = speedup /
+(``ernie5.subnets.params``, at the mean context of the run); ``fraction_of_ideal = speedup /
 ideal_speedup`` and the stricter ``gain_fraction_of_ideal = (speedup - 1) / (ideal_speedup - 1)``.
 ``device`` (``--device cuda``) decodes on a GPU instead, each timed call synchronised with it.
 
@@ -26,18 +26,20 @@ prefill (median of ``repeats`` after a warm-up), so the figure sits next to the 
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 
 import torch
 
 from ernie5.bench.timing import environment, median_seconds, synchronizer
-from ernie5.extract import extract_subnet
-from ernie5.generate import generate
+from ernie5.fast import apply_fast_paths
+from ernie5.generation.text import generate
 from ernie5.model.config import ModelConfig
 from ernie5.model.elastic import resolve
 from ernie5.model.model import Ernie5Model
-from ernie5.params import count_params
+from ernie5.subnets.extract import extract_subnet
+from ernie5.subnets.params import count_params
 
 SUBNETS = ("full", "k0.25", "d0.75", "w0.5", "d0.75-w0.5-k1")
 DECODINGS = {"sampled": {"temperature": 1.0, "seed": 0}, "greedy": {"temperature": 0.0}}
@@ -69,7 +71,7 @@ def bench_decode(
     sync = synchronizer(device)
     cfg = _nano()
     torch.manual_seed(0)
-    base = Ernie5Model(cfg).eval().to(device)
+    base = apply_fast_paths(Ernie5Model(cfg).eval().to(device))
     prompt = torch.randint(16, cfg.vocab_size, (prompt_len,)).tolist()
     ctx = prompt_len + new_tokens
     subs = {spec: resolve(spec, cfg) for spec in SUBNETS}
@@ -78,7 +80,8 @@ def bench_decode(
     prefill_tps = {}
     for dt_name in dtypes:
         dtype = torch.bfloat16 if dt_name == "bf16" else torch.float32
-        model = base.to(dtype) if dtype != torch.float32 else base
+        # A copy: ``Module.to`` converts in place, and a later fp32 row must not run bf16 weights.
+        model = copy.deepcopy(base).to(dtype) if dtype != torch.float32 else base
         prefill_tps[dt_name] = _prefill_tokens_per_s(model, prefill_len, repeats)
         runs = {}  # spec -> (label, prefill fn, decode fn)
         for spec, sub in subs.items():

@@ -3,7 +3,7 @@
 Shape: the nano MoE layer (d_model 256, 64 experts x 256, top-2) on ``tokens`` tokens (default
 2048 = 8 x 256, as perf-anchors.md). Per dtype:
   * ``moe_ms``: the layer (router + experts) forward + backward, with the expert path ``dispatch``
-    that ``auto`` trains with on this device and dtype (:func:`ernie5.model.moe.batch_dispatch`:
+    that ``auto`` trains with on this device and dtype (:func:`ernie5.fast.moe.batch_dispatch`:
     ``sorted`` on CPU and for fp32 on CUDA, ``grouped`` for bf16 on CUDA); the other of the two
     is timed alongside as ``<other>_ms``, with ``<other>_speedup = <other>_ms / moe_ms`` (above
     1: the chosen path is the faster one);
@@ -56,17 +56,20 @@ import torch
 import torch.nn.functional as F
 
 from ernie5.bench.timing import alternating_medians, environment, matmul_peak, median_seconds
+from ernie5.fast import apply_fast_paths
+from ernie5.fast.moe import FastMoE, batch_dispatch
 from ernie5.kernels import kernels, ops
 from ernie5.model.config import MoEConfig
-from ernie5.model.moe import MoE, batch_dispatch, update_router_bias
+from ernie5.model.moe import MoE, update_router_bias
 
 
-def _moe_step(layer: MoE, x: torch.Tensor, dispatch: str, autocast: bool):
+def _moe_step(layer: FastMoE, x: torch.Tensor, path: str, autocast: bool):
     def step():
+        layer.path = path
         layer.zero_grad(set_to_none=True)
         x.grad = None
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-            y, _ = layer(x, dispatch=dispatch)
+            y, _ = layer(x)
         y.float().sum().backward()
 
     return step
@@ -189,7 +192,7 @@ def bench_moe(
         ("bf16_autocast", torch.float32, True),
         ("fp32", torch.float32, False),
     ):
-        layer = MoE(d_model, cfg).to(device=device, dtype=dtype)
+        layer = apply_fast_paths(MoE(d_model, cfg).to(device=device, dtype=dtype))
         layer.load_state_dict(base.state_dict())
         x = x0.to(dtype).requires_grad_()
         load = _load_ratio(layer, x.detach())

@@ -1,37 +1,35 @@
 """Fused CPU kernels, compiled on first use, with eager PyTorch fallbacks.
 
 Eager PyTorch runs a chain like RMSNorm as half a dozen elementwise ops, each streaming the whole
-activation through memory. ``cpu_kernels.cpp`` does each chain in one pass (fp32 math, bf16 or
-fp32 storage), and ``cpu_attention.cpp`` holds the fused bf16 training attention, forward and
-backward (AMX / AVX512-BF16; see :class:`ernie5.model.attention._FusedAttention`): RMSNorm, the
-attention prologue (split of the packed q/k/v projection, QK-norm, RoPE, heads-first layout), the
-MoE router (fp32 logits from bf16 without fp32 copies; scores, biased top-k, gates, counts), the
-dispatch into padded levels, the gather of token rows into them and the combine back, the six
-batched expert GEMMs without their padding (``cpu_expert_gemm.cpp``, bf16 with AVX512-BF16; the
-MoE layer runs them, with the gated activation, as one forward and one backward pass over whole
-experts), the gated SwiGLU activation of the batched experts, the cross-entropy rows of the
-output head (log-sum-exp, NLL and the logit gradient in place), each with its backward where it
-has one, and the mixed-precision AdamW step (``train.precision``). ``cpu_decode.cpp`` holds what a
-decoding step runs for its few token rows: products reading the weights in place, the experts of
-the gather path, attention over the KV cache, and (with the kernels above) a whole block in one
-call (``decode_layer``, see :meth:`ernie5.model.model.Block.forward_fused`).
-Measured here at the nano shape in bf16 (forward + backward): RMSNorm over ``(8, 256, 256)`` 1.6
--> 0.3 ms, the attention prologue 3.7 -> 1.0 ms, the MoE activation ~2.7 -> 1.1 ms per layer, the
-MoE gathers and combines 1.1 -> 0.4 ms per layer, the cross-entropy rows of ``(2048, 4096)``
-logits 5.7 -> 2.3 ms, attention forward + backward per layer 8.4 -> 4.0 ms, the optimizer phase of
-a step 154 -> 80 ms; a whole training step ~690 -> ~390 ms (``ernie5 bench train``,
-``ERNIE5_KERNELS=off`` vs default, alternating runs). Those figures are from a 2-core Xeon with
-AMX; on a 2-core Zen 5 (AVX512-BF16, no AMX) the whole step went 567-597 -> 313 ms with the
-expert GEMMs of ``cpu_expert_gemm.cpp``, which alone took it from ~309 to ~287 ms (alternating).
+activation through memory; each kernel here does its chain in one pass (fp32 math, bf16 or fp32
+storage), with its backward where it has one:
+
+* ``cpu_kernels.cpp``: RMSNorm; the attention prologue (split of the packed q/k/v projection,
+  QK-norm, RoPE, heads-first layout); the MoE router (fp32 logits from bf16 without fp32 copies;
+  scores, biased top-k, gates, counts); the dispatch into padded levels, the gather of token rows
+  into them and the combine back; the gated SwiGLU activation of the batched experts; the
+  cross-entropy rows of the output head (log-sum-exp, NLL and the logit gradient in place); the
+  mixed-precision AdamW step (``train.precision``).
+* ``cpu_attention.cpp``: bf16 training attention, forward and backward (AMX / AVX512-BF16).
+* ``cpu_expert_gemm.cpp``: the six batched expert GEMMs of a level without their padding (bf16,
+  AVX512-BF16), run with the gated activation as one forward and one backward pass over whole
+  experts.
+* ``cpu_infer_f32.cpp``: fp32 inference experts over exactly the routed rows, and fp32 inference
+  attention.
+* ``cpu_decode.cpp``: what a decoding step runs for its few token rows: products reading the
+  weights in place, the experts of the gather path, attention over the KV cache, and a whole block
+  in one call (``decode_layer``, see :mod:`ernie5.fast.decode`).
+
+Nothing here knows the model: :mod:`ernie5.fast` applies these kernels to it, and ``ernie5 bench``
+measures what they buy.
 
 The extension is built with ``torch.utils.cpp_extension`` the first time a process needs it
 (about 30 s on 2 cores, then cached in ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,
 under a name keyed by the source, torch, the CPU and the compiler flags, since it is built with
 ``-march=native``).
 It needs a C++ compiler (ninja comes with the package). Where the build fails, :func:`kernels`
-returns ``None`` and every caller runs its eager PyTorch code (``nn.RMSNorm``, the eager lines
-of ``Attention.forward`` and ``_GroupedSwiGLU``, ``_chunked_nll_eager``), which computes the same
-function and is the reference the parity tests compare against.
+returns ``None`` and every caller runs its eager PyTorch code, which computes the same function
+and is the reference the parity tests compare against.
 
 ``ERNIE5_KERNELS`` selects: ``auto`` (default: fused when it builds), ``off`` (always eager), ``on``
 (fused, and a build failure is an error).

@@ -1,8 +1,8 @@
-"""Autograd wrappers of the fused CPU kernels, and the test of when they apply (:func:`fusable`).
+"""Autograd wrappers of the fused CPU kernels, and the tests of when they apply (:func:`fusable`).
 
-The eager counterparts live with the model code (``nn.RMSNorm``, the eager lines of
-:class:`ernie5.model.attention.Attention` and :class:`ernie5.model.moe._GroupedSwiGLU`); they run
-whenever :func:`fusable` says no, and are the references of ``tests/kernels``.
+The fast paths of :mod:`ernie5.fast` call these; the eager counterparts are the model's own code
+(``nn.RMSNorm``, :meth:`ernie5.model.attention.Attention.project`, the MoE router), which runs
+whenever a test here says no and is the reference of ``tests/kernels``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def fusable(*tensors: torch.Tensor) -> bool:
 
 class _NoGradCtx:
     """What a kernel wrapper's ``forward`` gets for ``ctx`` when nothing needs a gradient: it keeps
-    nothing, so the forward runs without ``Function.apply``'s graph bookkeeping (about 5 us a call,
-    paid dozens of times per decoded token)."""
+    nothing, so the forward runs without ``Function.apply``'s graph bookkeeping (paid dozens of
+    times per decoded token)."""
 
     def save_for_backward(self, *tensors: torch.Tensor) -> None:  # noqa: D102
         pass
@@ -52,8 +52,8 @@ ROWS_MAX = 4
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)`` (no bias). A few rows that need no gradient (decoding) run
-    ``linear_rows`` of ``cpu_decode.cpp``, which reads the weight in place with fp32 sums: PyTorch's
-    bf16 linear pays ~17 us per call at one row there."""
+    ``linear_rows`` of ``cpu_decode.cpp``, which reads the weight in place with fp32 sums (PyTorch's
+    bf16 linear has a large fixed cost per call at one row)."""
     k = x.shape[-1]
     if (
         0 < x.numel() <= ROWS_MAX * k
@@ -293,33 +293,6 @@ def expert_infer_fusable(x_ND: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torc
         and experts_rows_fusable(x_ND, w13_EFD, w2_EDF)
         and kernels().infer_f32_available()
     )
-
-
-_GRAD_SUMSQ: dict[int, tuple[int, int, float]] = {}
-"""Sums of squares of weight gradients, computed by the kernel that produced the gradient (the
-expert weight-gradient GEMMs do it in their epilogue), so that the optimizer's gradient norm need
-not read those gradients again: parameter data pointer -> (gradient data pointer, gradient version
-counter, sum of squares)."""
-
-
-def record_grad_sumsq(param: torch.Tensor, grad: torch.Tensor, sumsq: float) -> None:
-    """Remember ``sumsq`` as the sum of squares of ``grad``, the gradient just computed for ``param``."""
-    _GRAD_SUMSQ[param.data_ptr()] = (grad.data_ptr(), grad._version, sumsq)
-
-
-def take_grad_sumsq(param: torch.Tensor, grad: torch.Tensor) -> float | None:
-    """The recorded sum of squares of ``param``'s gradient if ``grad`` is that very tensor, unchanged
-    since (same storage, same version counter: autograd kept it as ``.grad`` without copying or
-    accumulating into it); None otherwise. The entry is consumed either way."""
-    entry = _GRAD_SUMSQ.pop(param.data_ptr(), None)
-    if entry is not None and entry[0] == grad.data_ptr() and entry[1] == grad._version:
-        return entry[2]
-    return None
-
-
-def clear_grad_sumsq() -> None:
-    """Forget every recorded sum of squares (the optimizer step did not use them, or is over)."""
-    _GRAD_SUMSQ.clear()
 
 
 def router_fusable(x_ND: torch.Tensor, weight_ED: torch.Tensor) -> bool:

@@ -34,11 +34,17 @@ Deviations:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ernie5.model.config import AudioConfig
-from ernie5.model.norm import RMSNorm
+from ernie5.model.inputs import AudioInputs
+
+END_TARGET = -2
+"""Level-1 target of the position after a segment's last frame: END (the model's ``end_code``)."""
 
 
 class AudioModule(nn.Module):
@@ -51,7 +57,7 @@ class AudioModule(nn.Module):
         self.in_emb = nn.ModuleList(nn.Embedding(k, d_model) for _ in range(q))
         self.start_emb = nn.Parameter(torch.zeros(d_model))
         self.speaker_emb = nn.Embedding(cfg.n_speakers, d_model)
-        self.head_norm = nn.ModuleList(RMSNorm(d_model, eps=norm_eps) for _ in range(q))
+        self.head_norm = nn.ModuleList(nn.RMSNorm(d_model, eps=norm_eps) for _ in range(q))
         self.heads = nn.ModuleList(nn.Linear(d_model, k + (1 if i == 0 else 0), bias=False) for i in range(q))
         # Level-1 codes include END; the last level's code is never added (nothing follows it).
         self.code_emb = nn.ModuleList(nn.Embedding(k + (1 if i == 0 else 0), d_model) for i in range(q - 1))
@@ -73,3 +79,61 @@ class AudioModule(nn.Module):
         """``h + Emb_level(code)``; rows whose code is negative (no target) are left unchanged."""
         emb = self.code_emb[level](codes_P.clamp_min(0)).to(h_PD.dtype)
         return h_PD + emb * (codes_P >= 0)[:, None].to(h_PD.dtype)
+
+    def embed(self, x_BTD: torch.Tensor, audio: AudioInputs) -> torch.Tensor:
+        """``x`` with the summed codec frames and the start/speaker embeddings placed where their
+        masks say."""
+        if audio.frame_codes_MQ is not None:
+            frames_MD = self.frame_embeds(audio.frame_codes_MQ)
+            x_BTD = x_BTD.masked_scatter(audio.frame_mask_BT[..., None], frames_MD.to(x_BTD.dtype))
+        if audio.start_speaker_S is not None:
+            starts_SD = self.start_embeds(audio.start_speaker_S)
+            x_BTD = x_BTD.masked_scatter(audio.start_mask_BT[..., None], starts_SD.to(x_BTD.dtype))
+        return x_BTD
+
+    def level_layers(self, kept_layers: Sequence[int]) -> dict[int, list[int]]:
+        """Layer index -> the levels whose heads read that layer's output: level ``q`` on the
+        ``(L - Q + q)``-th of the ``L`` kept layers; with fewer than ``Q`` kept layers the first
+        levels stack on the first one (deviation 1)."""
+        q, kept = self.cfg.n_levels, list(kept_layers)
+        plan: dict[int, list[int]] = {}
+        for level in range(q):
+            plan.setdefault(kept[max(0, len(kept) - q + level)], []).append(level)
+        return plan
+
+    def predict_level(
+        self,
+        level: int,
+        x_BTD: torch.Tensor,
+        audio: AudioInputs,
+        sampler: Callable[[int, torch.Tensor], torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One NCP level at the prediction positions: its logits, its codes (the targets under
+        teacher forcing, else ``sampler(level, logits)``), its mean cross-entropy (None without
+        targets), and ``x`` with the codes' embeddings added for the next level's head.
+
+        Returns:
+            ``(x_BTD, logits_PK, codes_P, loss)``; codes are ``-1`` where a position has no target.
+        """
+        mask_BT = audio.pred_mask_BT
+        h_PD = x_BTD[mask_BT]
+        logits_PK = self.logits(level, h_PD).float()
+        loss = None
+        if audio.targets_PQ is not None:
+            tgt_P = audio.targets_PQ[:, level]
+            if level == 0:
+                tgt_P = torch.where(tgt_P == END_TARGET, torch.full_like(tgt_P, self.cfg.end_code), tgt_P)
+            valid_P = tgt_P >= 0
+            ce_P = F.cross_entropy(logits_PK, tgt_P.clamp_min(0), reduction="none")
+            loss = (ce_P * valid_P).sum() / valid_P.sum().clamp_min(1)
+            codes_P = torch.where(valid_P, tgt_P, torch.full_like(tgt_P, -1))
+        else:
+            codes_P = sampler(level, logits_PK).long()
+        if level < self.cfg.n_levels - 1:
+            x_BTD = x_BTD.masked_scatter(mask_BT[..., None], self.add_code(level, h_PD, codes_P))
+        return x_BTD, logits_PK, codes_P, loss
+
+    def loss(self, level_losses: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The NCP loss: the levels' losses averaged with ``level_weights`` (default equal)."""
+        w = self.cfg.level_weights or (1.0,) * self.cfg.n_levels
+        return sum(wq * lq for wq, lq in zip(w, level_losses, strict=True)) / sum(w)

@@ -7,7 +7,7 @@ documentation of every YAML key under ``model:``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ernie5.config import check
 
@@ -15,6 +15,10 @@ from ernie5.config import check
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MoEConfig:
     """Mixture-of-experts FFN with modality-agnostic routing (one router, one pool, all tokens)."""
+
+    RETIRED: ClassVar[dict[str, object]] = {"dispatch": "auto"}
+    """``dispatch`` chose the expert compute path; that is a fast path (``ernie5.fast``), not the
+    model's maths, and every checkpoint written before holds its default, ``auto``."""
 
     n_experts: int = 64
     """Routed experts per MoE layer."""
@@ -34,10 +38,6 @@ class MoEConfig:
     """Sequence-wise balance loss coefficient (DeepSeek-V3 complementary loss, 1e-4 there). 0 = off."""
     z_loss_coef: float = 0.0
     """Router z-loss coefficient (ST-MoE, 1e-3 there). 0 = off."""
-    dispatch: Literal["auto", "loop", "sorted", "grouped"] = "auto"
-    """Expert compute path: ``loop`` is the naive per-expert reference; ``sorted`` sorts (token, slot)
-    pairs by expert and runs bucketed batched GEMMs; ``grouped`` runs one grouped GEMM per
-    projection over the ragged per-expert groups; ``auto`` picks by device and dtype."""
 
     def __post_init__(self) -> None:
         check(self.n_experts >= 1, f"n_experts={self.n_experts} must be >= 1")

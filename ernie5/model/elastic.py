@@ -231,7 +231,9 @@ class Subnet:
         return n_experts if kept is None else len(kept)
 
 
-def _count(v: int | float | None, full: int, name: str) -> int:
+def select_count(v: int | float | None, full: int, name: str) -> int:
+    """How many of ``full`` a spec dimension keeps: all for None, a count as given, a fraction
+    rounded (at least 1)."""
     if v is None:
         return full
     n = max(1, round(v * full)) if isinstance(v, float) else v
@@ -299,8 +301,8 @@ def resolve(spec: SubnetSpec | str, cfg: ModelConfig, importance: Importance | N
     if spec.is_full:
         return Subnet.full(cfg)
     e = cfg.moe.n_experts
-    n_depth = _count(spec.depth, cfg.n_layers, "depth")
-    n_width = _count(spec.width, e, "width")
+    n_depth = select_count(spec.depth, cfg.n_layers, "depth")
+    n_width = select_count(spec.width, e, "width")
     if isinstance(spec.top_k, float):
         top_k = max(1, round(spec.top_k * cfg.moe.top_k))
     else:

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ernie5.model.config import VisionConfig
+from ernie5.model.inputs import VisionGen, VisionInputs
 
 
 def cell_centres(n: int, latent: int) -> torch.Tensor:
@@ -216,3 +217,24 @@ class VisionModule(nn.Module):
             + self.cell_emb(cell_P)
         )
         return torch.where(start_P[:, None], x + self.start_emb, x)
+
+    def embed(self, x_BTD: torch.Tensor, vision: VisionInputs) -> torch.Tensor:
+        """``x`` with the merged understanding embeddings and the NFSP generation inputs placed
+        where their masks say."""
+        if vision.und_items:
+            und_MD = torch.cat(
+                [self.understanding_embeds(u.pixels_CTHW[None], u.cnn_CThw[None]) for u in vision.und_items]
+            )
+            x_BTD = x_BTD.masked_scatter(vision.und_mask_BT[..., None], und_MD.to(x_BTD.dtype))
+        if vision.gen is not None:
+            g = vision.gen
+            gen_PD = self.generation_embeds(g.inputs_PD, g.scale_P, g.start_P, g.cell_P)
+            x_BTD = x_BTD.masked_scatter(vision.gen_mask_BT[..., None], gen_PD.to(x_BTD.dtype))
+        return x_BTD
+
+    def loss(self, bit_logits_PD: torch.Tensor, gen: VisionGen) -> torch.Tensor:
+        """Weighted bitwise BCE of the NFSP positions: each position's mean over its bits, weighted
+        by ``gen.weights_P`` (coarse scales up-weighted; default 1)."""
+        bce_PD = F.binary_cross_entropy_with_logits(bit_logits_PD, gen.targets_PD.float(), reduction="none")
+        w_P = gen.weights_P if gen.weights_P is not None else torch.ones_like(bce_PD[:, 0])
+        return (bce_PD.mean(dim=-1) * w_P).sum() / w_P.sum().clamp_min(1e-6)

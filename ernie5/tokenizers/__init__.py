@@ -1,1 +1,3 @@
-"""Tokenizers: text (byte-level BPE) now; image, video and audio tokenizers join with their issues."""
+"""Tokenizers and the side models of the media path: text (byte-level BPE), the causal multi-scale
+bitwise vision tokenizer, the causal RVQ audio codec (with its semantic teacher and audio features),
+the cascaded refiner, and the folder format they are saved in."""

@@ -59,10 +59,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ernie5.module_folder import load_module, save_module
 from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.audio_quant import ResidualVQ, code_usage
 from ernie5.tokenizers.audio_teacher import SemanticTeacher, pool_to_frames
+from ernie5.tokenizers.folder import load_module, save_module
 
 VERSION = "ernie5-audio-codec/1"
 """Format string stored in ``meta.json``; :meth:`AudioCodec.load` refuses other values."""
@@ -394,9 +394,9 @@ def snr_db(ref: Tensor | Any, est: Tensor | Any) -> float:
 
 
 def mel_distance(ref: Tensor | Any, est: Tensor | Any, sample_rate: int) -> float:
-    """Mean absolute difference of the log-mel spectrograms (:func:`ernie5.audio_features.log_mel`,
+    """Mean absolute difference of the log-mel spectrograms (:func:`ernie5.tokenizers.audio_features.log_mel`,
     defaults: 256-point FFT, hop 80, 40 mels, natural log) of two 1-D signals, trimmed to the shorter."""
-    from ernie5.audio_features import log_mel
+    from ernie5.tokenizers.audio_features import log_mel
 
     r = torch.as_tensor(ref, dtype=torch.float32).reshape(-1)
     e = torch.as_tensor(est, dtype=torch.float32).reshape(-1)

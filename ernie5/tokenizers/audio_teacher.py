@@ -53,9 +53,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from ernie5.audio_features import deltas, mfcc
-from ernie5.module_folder import write_folder_atomic
+from ernie5.tokenizers.audio_features import deltas, mfcc
 from ernie5.tokenizers.audio_quant import kmeans, nearest
+from ernie5.tokenizers.folder import write_folder_atomic
 
 TEACHER_FILE = "teacher.json"
 STATE_FILE = "teacher.safetensors"

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ernie5.module_folder import load_module, save_module
+from ernie5.tokenizers.folder import load_module, save_module
 from ernie5.tokenizers.vision_config import VisionTokenizerConfig
 from ernie5.tokenizers.vision_quant import BitwiseMultiScaleQuantizer, MultiScaleCodes
 

@@ -1,7 +1,7 @@
 """Audio tasks: recognition (ASR), spoken-digit and speaker understanding, synthesis (TTS) judged by a
 recogniser, and the codec's reconstruction quality.
 
-Layouts are the pretraining mixture's (``train.audio_data``):
+Layouts are the pretraining mixture's (``ernie5.data.audio_sources``):
   * ASR: ``BOA <audio> EOA Transcript:`` then greedy generation up to a newline. Hypothesis and
     reference go through the one fixed normaliser (``ernie5.data.audio.normalize_text``); the metrics
     are corpus-level WER and CER (total edits over total reference words/characters, jiwer
@@ -47,6 +47,13 @@ from ernie5.data.audio import (
     ljspeech_utterances,
     normalize_text,
 )
+from ernie5.data.audio_sources import (
+    DIGIT_SPOKEN_QUESTION,
+    SPEAKER_QUESTION,
+    TRANSCRIPT_PREFIX,
+    dial_prompt,
+    say_prompt,
+)
 from ernie5.data.dtmf import DTMF_KEYS, dtmf_utterance
 from evals.api import (
     GenerationRequest,
@@ -62,13 +69,6 @@ from evals.api import (
 from evals.metrics import char_errors, word_errors
 from evals.task import TASKS, Example, Score, Task
 from evals.tasks.vision import CountOptions, _ChoiceOverMedia, _question
-from train.audio_data import (
-    DIGIT_SPOKEN_QUESTION,
-    SPEAKER_QUESTION,
-    TRANSCRIPT_PREFIX,
-    dial_prompt,
-    say_prompt,
-)
 
 GENERATED = "nothing to get: keypad tones are generated from the seed"
 FRAME_RATE = 25.0

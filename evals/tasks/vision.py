@@ -3,7 +3,7 @@ and the vision tokenizer's reconstruction quality and the refiner's gain.
 
 Understanding tasks score every answer choice by log-likelihood after ``BOI <image> EOI
 Question: ...\\nAnswer:`` (clips: BOV/EOV), exactly the layout the pretraining mixture uses
-(``train.vision_data``): ``acc`` is the gold choice having the highest log-likelihood.
+(``ernie5.data.vision_sources``): ``acc`` is the gold choice having the highest log-likelihood.
 
 Generation tasks send a text prompt (``Draw: ...`` / ``Draw the digit 7.`` / ``Animate: ...``) and judge
 the image or clip that comes back:
@@ -32,6 +32,17 @@ from ernie5.data import shapes
 from ernie5.data.mnist import HOW_TO_GET as MNIST_HOW
 from ernie5.data.mnist import IMAGES_PATH, LABELS_PATH, digit_image, mnist_split
 from ernie5.data.moving import DIRECTIONS, moving_digits_clip, moving_shape_clip
+from ernie5.data.vision_sources import (
+    CLIP_FRAMES,
+    DIGIT_MOTION_QUESTION,
+    DIGIT_QUESTION,
+    MOTION_QUESTION,
+    SHAPE_MOTION_QUESTION,
+    digit_prompt,
+    motion_prompt,
+    shapes_prompt,
+)
+from ernie5.metrics import psnr, ssim
 from evals import judges
 from evals.api import (
     LoglikelihoodRequest,
@@ -44,18 +55,8 @@ from evals.api import (
     Request,
     Response,
 )
-from evals.metrics import choice_accuracy, psnr, ssim
+from evals.metrics import choice_accuracy
 from evals.task import TASKS, Example, Score, Task
-from train.vision_data import (
-    CLIP_FRAMES,
-    DIGIT_MOTION_QUESTION,
-    DIGIT_QUESTION,
-    MOTION_QUESTION,
-    SHAPE_MOTION_QUESTION,
-    digit_prompt,
-    motion_prompt,
-    shapes_prompt,
-)
 
 IMAGE_SIZE = 32
 GENERATED = "nothing to get: scenes and clips are generated from the seed"

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from ernie5.checkpoint import load_checkpoint
 from ernie5.data.dtmf import dtmf_utterance
+from ernie5.store.checkpoint import load_checkpoint
 from evals.adapter import Ernie5EvalModel, EvalInputError
 from evals.api import (
     GenerationRequest,
@@ -72,14 +72,14 @@ def _wave(keys: str, seed: int = 0) -> np.ndarray:
 def test_every_audio_request_kind_is_answered_and_batching_does_not_change_answers(model):
     part = MediaPart("audio", _wave("12"), {"sample_rate": 8000})
     gens = [GenerationRequest((part, "Transcript:"), 5, stop=("\n",)), GenerationRequest("1 2 3", 5)]
-    together = model.generate(gens)
+    together = model.generate(gens).results
     alone = [model.generate([g])[0] for g in gens]
     assert together == alone
     lls = [
         LoglikelihoodRequest((part, "Question: Which digit is spoken?\nAnswer:"), f" {w}")
         for w in ("one", "two")
     ]
-    assert model.loglikelihood(lls) == [model.loglikelihood([r])[0] for r in lls]
+    assert model.loglikelihood(lls).results == [model.loglikelihood([r])[0] for r in lls]
     speech = model.generate_speech([SpeechGenerationRequest("Dial: one.", max_frames=4, seed=1)])[0]
     assert speech.n_tokens <= 4 and speech.media.dtype == np.float32
     assert len(speech.media) == speech.n_tokens * model.ckpt.audio_codec.hop

@@ -51,12 +51,12 @@ def _root_for(cls: type[Task], data_root_request: pytest.FixtureRequest):
 def _answer(model: RandomModel, requests: list) -> list:
     kind = type(requests[0])
     if kind is LoglikelihoodRequest:
-        return model.loglikelihood(requests)
+        return model.loglikelihood(requests).results
     if kind is RollingRequest:
-        return model.loglikelihood_rolling(requests)
+        return model.loglikelihood_rolling(requests).results
     if kind in MEDIA_METHODS:
-        return getattr(model, MEDIA_METHODS[kind])(requests)
-    return model.generate(requests)
+        return getattr(model, MEDIA_METHODS[kind])(requests).results
+    return model.generate(requests).results
 
 
 def test_registry_has_the_promised_tasks():

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from ernie5.checkpoint import load_checkpoint
 from ernie5.config import ConfigError
 from ernie5.model.elastic import resolve
+from ernie5.store.checkpoint import load_checkpoint
 from evals.adapter import Ernie5EvalModel, EvalInputError
 from evals.api import GenerationRequest, LoglikelihoodRequest, MediaPart, RollingRequest
 from evals.cache import CachedModel, ResponseCache, request_key
@@ -43,7 +43,7 @@ def model(micro_ckpt) -> Ernie5EvalModel:
 def test_loglikelihood_matches_a_manual_forward(model):
     tok = model.tokenizer
     req = LoglikelihoodRequest("Q: 1+1=\nA:", " 2")
-    (res,) = model.loglikelihood([req])
+    (res,) = model.loglikelihood([req]).results
     ctx, whole = tok.encode(req.context), tok.encode(req.context + req.continuation)
     ids = torch.tensor([[1, *whole]])
     with torch.no_grad():
@@ -55,8 +55,8 @@ def test_loglikelihood_matches_a_manual_forward(model):
 
 def test_batching_does_not_change_answers(model):
     reqs = [LoglikelihoodRequest(f"Q: {i}+{i}=\nA:", f" {2 * i}") for i in range(7)]
-    batched = model.loglikelihood(reqs)
-    single = [model.loglikelihood([r])[0] for r in reqs]
+    batched = model.loglikelihood(reqs).results
+    single = [model.loglikelihood([r]).results[0] for r in reqs]
     assert [r.logprob for r in batched] == pytest.approx([r.logprob for r in single], abs=1e-4)
     gens = [GenerationRequest(f"Q: copy ab{i}\nA:", max_new_tokens=6, stop=("\n",)) for i in range(5)]
     assert [g.text for g in model.generate(gens)] == [model.generate([g])[0].text for g in gens]
@@ -64,7 +64,7 @@ def test_batching_does_not_change_answers(model):
 
 def test_rolling_equals_token_sum_in_one_window(model):
     text = "To be, or not to be, that is the question."
-    (res,) = model.loglikelihood_rolling([RollingRequest(text)])
+    (res,) = model.loglikelihood_rolling([RollingRequest(text)]).results
     ids = torch.tensor([[1, *model.tokenizer.encode(text)]])
     with torch.no_grad():
         lp = model.model(ids[:, :-1]).logits_BTV.log_softmax(-1)[0]
@@ -74,12 +74,12 @@ def test_rolling_equals_token_sum_in_one_window(model):
 
 def test_rolling_windows_cover_long_documents(model):
     text = "abc def ghi " * 400  # longer than max_seq_len tokens
-    (res,) = model.loglikelihood_rolling([RollingRequest(text)])
+    (res,) = model.loglikelihood_rolling([RollingRequest(text)]).results
     assert res.n_tokens > model.max_len and res.logprob < 0
 
 
 def test_generation_stops_at_stop_strings(model):
-    (g,) = model.generate([GenerationRequest("Q: 1+1=\nA:", max_new_tokens=12, stop=("\n",))])
+    (g,) = model.generate([GenerationRequest("Q: 1+1=\nA:", max_new_tokens=12, stop=("\n",))]).results
     assert "\n" not in g.text and g.n_tokens <= 12
 
 
@@ -92,18 +92,38 @@ def test_media_input_is_a_clear_error(model):
 
 def test_two_subnets_never_share_cached_answers(model, tmp_path):
     cache = ResponseCache(tmp_path / "c.sqlite")
-    cached = CachedModel(model, cache)
+    cfg = model.ckpt.cfg
+    full_model = Ernie5EvalModel(model.ckpt, resolve("full", cfg), batch_size=3)
+    sub_model = Ernie5EvalModel(model.ckpt, resolve("d0.5-k1", cfg), batch_size=3)
+    full_cached, sub_cached = CachedModel(full_model, cache), CachedModel(sub_model, cache)
     req = [LoglikelihoodRequest("Q: 2+2=\nA:", " 4")]
-    model.set_subnet(resolve("full", model.ckpt.cfg))
-    full = cached.loglikelihood(req)[0]
-    fp_full = model.fingerprint
-    model.set_subnet(resolve("d0.5-k1", model.ckpt.cfg))
-    sub = cached.loglikelihood(req)[0]
-    assert model.fingerprint != fp_full
-    assert cached.misses == 2 and cached.hits == 0 and full.logprob != sub.logprob
-    assert cached.loglikelihood(req)[0] == sub and cached.hits == 1
-    assert request_key(fp_full, req[0]) != request_key(model.fingerprint, req[0])
-    model.set_subnet(resolve("full", model.ckpt.cfg))
+    full = full_cached.loglikelihood(req).results[0]
+    sub = sub_cached.loglikelihood(req).results[0]
+    assert sub_model.fingerprint != full_model.fingerprint
+    assert sub_cached.misses == 1 and full_cached.misses == 1 and sub_cached.hits == 0
+    assert full.logprob != sub.logprob
+    again = sub_cached.loglikelihood(req)
+    assert again.results[0] == sub and sub_cached.hits == 1
+    assert again.model_s == 0.0 and again.routing == {}  # a hit runs no forward
+    assert again.costs[0].n_input_tokens > 0  # the cost stored with the first answer comes back
+    assert request_key(full_model.fingerprint, req[0]) != request_key(sub_model.fingerprint, req[0])
+
+
+def test_answers_carry_their_cost_time_and_expert_loads(model):
+    """Every call returns its own accounting; nothing accumulates on the adapter between calls."""
+    reqs = [LoglikelihoodRequest("Q: 2+2=\nA:", " 4"), LoglikelihoodRequest("Q: 1+1=\nA:", " 2")]
+    a = model.loglikelihood(reqs)
+    b = model.loglikelihood(reqs)
+    assert a.results == b.results and len(a.costs) == 2
+    assert all(c.latency_s > 0 and c.n_input_tokens > 0 and c.n_output_tokens > 0 for c in a.costs)
+    assert 0 < a.model_s < 60 and 0 < b.model_s < 60
+    n_tokens = sum(c.n_input_tokens + c.n_output_tokens for c in a.costs) - len(reqs)  # no BOS target
+    top_k = model.ckpt.cfg.moe.top_k
+    assert set(a.routing) == set(model.ckpt.cfg.moe_layers)
+    assert all(sum(counts) == n_tokens * top_k for counts in a.routing.values())  # real tokens only
+    assert a.routing == b.routing
+    quiet = Ernie5EvalModel(model.ckpt, batch_size=3, routing=False).loglikelihood(reqs)
+    assert quiet.routing == {} and quiet.results == a.results
 
 
 def _writer(path: str, worker: int) -> None:

@@ -37,7 +37,7 @@ def ckpt(tmp_path_factory) -> Path:
         [
             sys.executable,
             "-m",
-            "ernie5.cli",
+            "jobs.cli",
             "train",
             "--config",
             "micro",
@@ -62,7 +62,7 @@ def _sweep(ckpt, suite, out, *extra, prefix=()):
     cmd = [
         *prefix,
         "-m",
-        "ernie5.cli",
+        "jobs.cli",
         "sweep",
         "--checkpoint",
         str(ckpt),

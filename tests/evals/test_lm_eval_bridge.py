@@ -17,9 +17,9 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.loggers import EvaluationTracker  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from ernie5.checkpoint import load_checkpoint  # noqa: E402
 from ernie5.model.elastic import resolve  # noqa: E402
-from ernie5.params import count_params  # noqa: E402
+from ernie5.store.checkpoint import load_checkpoint  # noqa: E402
+from ernie5.subnets.params import count_params  # noqa: E402
 from evals.adapter import Ernie5EvalModel  # noqa: E402
 from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest  # noqa: E402
 from evals.lm_eval_bridge import Ernie5LM, _all_local, lm_eval_units, run_lm_eval_cli  # noqa: E402
@@ -238,9 +238,13 @@ def test_shipped_arc_task_as_a_suite_unit(eval_model, data_root, tmp_path):
     assert arc.name == "lmeval-arc_easy_local" and arc.version == 1
     assert arc.metrics == {"acc": True, "acc_norm": True}
     assert arc.kwargs["lm_eval_task"] == "arc_easy_local" and arc.available(data_root) == (True, "")
-    result, samples = arc.run(eval_model, data_dir=data_root, limit=5, seed=0, work_dir=tmp_path / "w")
-    assert result["n_examples"] == 5 and set(result["metrics"]) == {"acc", "acc_norm"}
-    for m in result["metrics"].values():
+    result = arc.evaluate(eval_model, data_dir=data_root, limit=5, seed=0, work_dir=tmp_path / "w")
+    samples = result.samples
+    assert result.n_examples == 5 and set(result.metrics) == {"acc", "acc_norm"}
+    assert result.model_s > 0  # the forwards lm-eval asked for, timed through the adapter's answers
+    n_experts = eval_model.ckpt.cfg.moe.n_experts
+    assert result.routing and all(len(c) == n_experts and sum(c) > 0 for c in result.routing.values())
+    for m in result.metrics.values():
         assert math.isfinite(m["value"]) and type(m["value"]) is float
         assert m["n"] == 5 and m["higher_is_better"] is True
         assert math.isfinite(m["stderr"]) and type(m["stderr"]) is float
@@ -273,9 +277,10 @@ def test_generation_unit_with_filters(eval_model, tmp_path):
     (root / "tasks" / "gen.yaml").write_text(GEN_YAML)
     (unit,) = lm_eval_units(LmEvalEntry(task_dir="tasks", tasks=("toy_gen",), num_fewshot=0), root)
     assert unit.version == 2 and set(unit.metrics) == {"exact_match", "exact_match_first-number"}
-    result, samples = unit.run(eval_model, data_dir=data, limit=None, seed=1, work_dir=tmp_path / "w")
-    assert set(result["metrics"]) == set(unit.metrics) and result["n_examples"] == 3
-    assert all(0.0 <= m["value"] <= 1.0 for m in result["metrics"].values())
+    result = unit.evaluate(eval_model, data_dir=data, limit=None, seed=1, work_dir=tmp_path / "w")
+    samples = result.samples
+    assert set(result.metrics) == set(unit.metrics) and result.n_examples == 3
+    assert all(0.0 <= m["value"] <= 1.0 for m in result.metrics.values())
     assert [s["id"] for s in samples] == ["0", "1", "2"]
     assert set(samples[0]["scores"]) == set(unit.metrics)
     assert {"prediction", "prediction_first-number", "output", "target"} <= set(samples[0]["sample"])

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ernie5.fast.moe import experts_gather
 from ernie5.kernels import kernels, ops
-from ernie5.model.moe import RouterOutput, experts_gather
+from ernie5.model.moe import RouterOutput
 
 needs_rows = pytest.mark.skipif(
     kernels() is None or not kernels().rows_kernels_available(), reason="no AVX-512F kernel build here"
@@ -235,8 +236,8 @@ def test_attend_rows_rejects_what_it_cannot_take():
 
 
 @needs_rows
-def test_sdpa_takes_attend_rows_only_for_a_few_rows_without_gradients(monkeypatch):
-    from ernie5.model.attention import _sdpa
+def test_attend_takes_attend_rows_only_for_a_few_rows_without_gradients(monkeypatch):
+    from ernie5.fast.attention import attend
     from ernie5.model.mask import AttnMask
 
     calls = []
@@ -244,12 +245,12 @@ def test_sdpa_takes_attend_rows_only_for_a_few_rows_without_gradients(monkeypatc
     monkeypatch.setattr(ops, "attend_rows", lambda *a: calls.append(1) or real(*a))
     k, v, q1 = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 4, 1, 16)
     with torch.no_grad():
-        one = _sdpa(q1, k, v, AttnMask())
+        one = attend(q1, k, v, AttnMask())
         assert calls == [1]
-        _sdpa(torch.randn(1, 4, 5, 16), k, v, AttnMask())  # 5 query rows: SDPA
+        attend(torch.randn(1, 4, 5, 16), k, v, AttnMask())  # 5 query rows: SDPA
         assert calls == [1]
     q = torch.randn(1, 4, 1, 16, requires_grad=True)
-    out = _sdpa(q, k, v, AttnMask())  # a gradient: SDPA
+    out = attend(q, k, v, AttnMask())  # a gradient: SDPA
     out.sum().backward()
     assert calls == [1] and q.grad is not None
     ref = F.scaled_dot_product_attention(q1, k, v, enable_gqa=True)

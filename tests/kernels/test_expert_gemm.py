@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ernie5.fast import GradSquares, apply_fast_paths
+from ernie5.fast.moe_levels import _round_rows, plan_dispatch
 from ernie5.kernels import kernels, ops
 from ernie5.model.config import MoEConfig
-from ernie5.model.moe import MoE, RouterOutput, _round_rows, plan_dispatch
+from ernie5.model.moe import MoE, RouterOutput
 
 needs_expert_gemm = pytest.mark.skipif(
     kernels() is None or not kernels().expert_gemm_available(),
@@ -192,20 +194,24 @@ def test_moe_layer_takes_the_expert_gemms_and_matches_the_loop():
     layer = MoE(64, cfg)
     for p in layer.parameters():
         torch.nn.init.normal_(p, std=0.1)
-    layer = layer.to(bf16)
+    squares = GradSquares()
+    layer = apply_fast_paths(layer.to(bf16), grad_squares=squares)
     with torch.no_grad():
         layer.router_bias[:] = torch.linspace(1.5, 0, 16)
     x = torch.randn(1, 200, 64, dtype=bf16)
     assert ops.expert_gemm_fusable(x[0], layer.w13, layer.w2)
 
-    def run(dispatch):
+    def run(path):
+        layer.path = path
         layer.zero_grad(set_to_none=True)
         xi = x.detach().clone().requires_grad_()
-        y, _ = layer(xi, dispatch=dispatch)
+        y, _ = layer(xi)
         (y.float() * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
         return [y.float(), xi.grad.float()] + [p.grad.float() for p in layer.parameters()]
 
     ref, got = run("loop"), run("sorted")
+    for p in (layer.w13, layer.w2):  # the sorted path's backward recorded its weight gradients' squares
+        assert squares.take(p, p.grad) == pytest.approx(p.grad.double().square().sum().item(), rel=1e-5)
     for a, b in zip(ref[:2], got[:2]):  # outputs, input gradient
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
     for a, b in zip(ref[2:], got[2:]):  # weight gradients: sums of 2-60 bf16 products, rounded differently
@@ -232,15 +238,16 @@ def test_weight_gradient_products_sum_their_squares_deterministically():
 
 
 def test_recorded_sum_of_squares_is_used_only_for_the_unchanged_gradient():
+    squares = GradSquares()
     w, g = torch.zeros(4), torch.ones(4)
-    ops.record_grad_sumsq(w, g, 4.0)
-    assert ops.take_grad_sumsq(w, g.clone()) is None  # another tensor
-    assert ops.take_grad_sumsq(w, g) is None  # entries are consumed
-    ops.record_grad_sumsq(w, g, 4.0)
+    squares.record(w, g, 4.0)
+    assert squares.take(w, g.clone()) is None  # another tensor
+    assert squares.take(w, g) is None  # entries are consumed
+    squares.record(w, g, 4.0)
     g.mul_(2)  # changed in place since (e.g. accumulated into)
-    assert ops.take_grad_sumsq(w, g) is None
-    ops.record_grad_sumsq(w, g, 16.0)
-    assert ops.take_grad_sumsq(w, g) == 16.0
-    ops.record_grad_sumsq(w, g, 16.0)
-    ops.clear_grad_sumsq()
-    assert ops.take_grad_sumsq(w, g) is None
+    assert squares.take(w, g) is None
+    squares.record(w, g, 16.0)
+    assert squares.take(w, g) == 16.0
+    squares.record(w, g, 16.0)
+    squares.clear()
+    assert squares.take(w, g) is None

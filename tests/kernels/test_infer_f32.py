@@ -7,9 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ernie5.fast import apply_fast_paths
+from ernie5.fast.moe_levels import experts_sorted, plan_dispatch
 from ernie5.kernels import kernels, ops
 from ernie5.model.config import MoEConfig
-from ernie5.model.moe import MoE, experts_loop, experts_sorted, plan_dispatch, route
+from ernie5.model.moe import MoE, experts_loop, router_logits, select_experts
 
 needs_f32 = pytest.mark.skipif(
     kernels() is None or not kernels().infer_f32_available(),
@@ -30,7 +32,8 @@ def _routed(layer: MoE, x_ND: torch.Tensor, mask_E: torch.Tensor | None = None, 
     (64 rows) of tokens."""
     bias = layer.router_bias.clone()
     bias[0] += skew
-    return route(x_ND, layer.router.weight, bias, layer.cfg, layer.cfg.top_k, mask_E, x_ND.shape[0])
+    logits_NE = router_logits(x_ND, layer.router.weight)
+    return select_experts(logits_NE, bias, layer.cfg, layer.cfg.top_k, mask_E, x_ND.shape[0])
 
 
 @needs_f32
@@ -93,9 +96,12 @@ def test_taken_only_in_fp32_without_gradients():
 def test_layer_forward_equals_the_training_path():
     """The MoE layer's eval forward (no gradients: this kernel) equals its forward with gradients
     (padded batched GEMMs), up to fp32 rounding."""
-    layer = _layer(16, 64, 32, 2)
+    layer = apply_fast_paths(_layer(16, 64, 32, 2))
+    assert layer.path == "auto"
     x = torch.randn(2, 50, 64)
     with torch.no_grad():
+        assert layer.expert_path(x.view(-1, 64), 2, x.dtype) == "sorted"
+        assert ops.expert_infer_fusable(x.view(-1, 64), layer.w13, layer.w2)
         y_eval, _ = layer(x)
     y_train, _ = layer(x)
     torch.testing.assert_close(y_eval, y_train.detach(), rtol=1e-5, atol=1e-6)
@@ -160,7 +166,7 @@ def test_fp32_attention_matches_float64_sdpa(b, h, kv, t, s, dh, kind):
 
 @needs_f32
 def test_fp32_attention_is_taken_at_inference_only(monkeypatch):
-    from ernie5.model import attention
+    from ernie5.fast.attention import attend
     from ernie5.model.mask import AttnMask
 
     calls = []
@@ -169,13 +175,13 @@ def test_fp32_attention_is_taken_at_inference_only(monkeypatch):
     q, k, v = torch.randn(1, 4, 12, 32), torch.randn(1, 2, 12, 32), torch.randn(1, 2, 12, 32)
     causal = AttnMask(is_causal=True)
     with torch.no_grad():
-        out = attention._sdpa(q, k, v, causal)
-        attention._sdpa(q[:, :, :10], k, v, causal)  # causal with T != S: PyTorch's rule, PyTorch's SDPA
+        out = attend(q, k, v, causal)
+        attend(q[:, :, :10], k, v, causal)  # causal with T != S: PyTorch's rule, PyTorch's SDPA
     assert calls == [12]
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     q.requires_grad_()
-    attention._sdpa(q, k, v, causal).sum().backward()  # with a gradient: PyTorch's SDPA
+    attend(q, k, v, causal).sum().backward()  # with a gradient: PyTorch's SDPA
     assert calls == [12] and q.grad is not None
     with torch.no_grad():
         assert not ops.attend_f32_fusable(q.bfloat16(), k.bfloat16(), v.bfloat16())
@@ -190,7 +196,7 @@ def test_fp32_model_prefill_then_decode_equals_the_training_path():
     from tests.conftest import tiny_config
 
     torch.manual_seed(0)
-    m = Ernie5Model(tiny_config(d_model=64)).eval()
+    m = apply_fast_paths(Ernie5Model(tiny_config(d_model=64)).eval())
     x = torch.randint(0, 64, (2, 20))
     want = m(x).logits_BTV.detach()
     with torch.no_grad():

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ernie5 import kernels as kernels_pkg
+from ernie5.fast.layers import FusedRMSNorm
 from ernie5.kernels import kernels, ops
-from ernie5.model.norm import RMSNorm
 from ernie5.model.rope import apply_rope, inv_frequencies, rope_cos_sin
 
 needs_kernels = pytest.mark.skipif(kernels() is None, reason="fused CPU kernels did not build here")
@@ -51,7 +51,7 @@ def test_rms_norm_matches_eager(dtype, shape):
 @needs_kernels
 def test_rms_norm_module_is_nn_rmsnorm():
     ref = torch.nn.RMSNorm(48, eps=1e-5)
-    mod = RMSNorm(48, eps=1e-5)
+    mod = FusedRMSNorm(48, eps=1e-5)
     with torch.no_grad():
         ref.weight.uniform_(0.5, 1.5)
     mod.load_state_dict(ref.state_dict())
@@ -63,6 +63,24 @@ def test_rms_norm_module_is_nn_rmsnorm():
     x64 = x.double()  # not fusable: the module runs nn.RMSNorm itself
     assert not ops.fusable(x64, mod.weight.double())
     _close(mod.double()(x64), ref.double()(x64), torch.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bias", [False, True])
+def test_rows_linear_module_is_nn_linear(bias):
+    """RowsLinear keeps nn.Linear's parameters and function: a decoding call (few rows, no gradient)
+    takes the few-row product, and a bias, which that product has not, is still added."""
+    from ernie5.fast.layers import RowsLinear
+
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(64, 32, bias=bias)
+    mod = RowsLinear(64, 32, bias=bias)
+    mod.load_state_dict(ref.state_dict())
+    assert list(mod.state_dict()) == list(ref.state_dict())
+    x = torch.randn(2, 1, 64)
+    with torch.no_grad():
+        _close(mod(x), ref(x), torch.float32)
+    _close(mod(x), ref(x), torch.float32)
 
 
 def _qk_reference(qkv, q_w, k_w, cos, sin, h, k, eps):
@@ -185,7 +203,7 @@ def test_off_mode_runs_eager(monkeypatch):
     assert kernels() is None and not ops.fusable(x)
     assert kernels_pkg.status() == "off"
     assert kernels_pkg.attention_status() == "pytorch (kernels off)"
-    mod = RMSNorm(8, eps=1e-6)
+    mod = FusedRMSNorm(8, eps=1e-6)
     torch.testing.assert_close(mod(x), F.rms_norm(x, (8,), mod.weight, 1e-6))
 
 
@@ -241,9 +259,13 @@ def test_build_failure_falls_back_to_eager(monkeypatch):
     ("masked", "norm", "scale"), [(False, True, 1.0), (True, True, 2.5), (True, False, 1.0)]
 )
 @pytest.mark.parametrize("e", [12, 64])  # 64: whole 16-lane rows, the kernel's vector argmax
-def test_route_topk_matches_eager(monkeypatch, score_func, masked, norm, scale, e):
+def test_route_topk_matches_eager(score_func, masked, norm, scale, e):
+    """The fast MoE layer's routing (fused router logits and ``route_topk``) against the model's
+    eager routing (:meth:`ernie5.model.moe.MoE.route`) of the same layer."""
+    from ernie5.fast import apply_fast_paths
+    from ernie5.fast.moe import FastMoE
     from ernie5.model.config import MoEConfig
-    from ernie5.model.moe import route
+    from ernie5.model.moe import MoE
 
     torch.manual_seed(0)
     n, d, k = 50, 16, 3
@@ -251,22 +273,25 @@ def test_route_topk_matches_eager(monkeypatch, score_func, masked, norm, scale, 
         n_experts=e, d_expert=8, top_k=k, score_func=score_func, norm_topk=norm, route_scale=scale
     )
     x = torch.randn(n, d, requires_grad=True)
-    w = (torch.randn(e, d) * 0.5).requires_grad_()
-    bias = torch.randn(e) * 0.05
+    layer = apply_fast_paths(MoE(d, cfg))
+    assert isinstance(layer, FastMoE)
+    w = layer.router.weight
+    with torch.no_grad():
+        w.copy_(torch.randn(e, d) * 0.5)
+        layer.router_bias.copy_(torch.randn(e) * 0.05)
     mask = torch.rand(e) > 0.3 if masked else None
     dg = torch.randn(n, k)
 
-    def run():
+    def run(route):
         x.grad = w.grad = None
-        r = route(x, w, bias, cfg, k, mask, n)
+        r = route(layer, x, k, mask, n)
         order = r.expert_ids_NA.argsort(dim=-1)  # slot order is unspecified (topk sorted=False)
         ids, gates = r.expert_ids_NA.gather(-1, order), r.gates_NA.gather(-1, order)
         (gates * dg).sum().backward()
         return ids, gates.detach(), r.counts_E, x.grad.clone(), w.grad.clone()
 
-    fused = run()
-    monkeypatch.setenv("ERNIE5_KERNELS", "off")
-    eager = run()
+    fused = run(FastMoE.route)
+    eager = run(MoE.route)
     assert torch.equal(fused[0], eager[0]) and torch.equal(fused[2], eager[2])
     if mask is not None:
         assert mask[fused[0]].all()
@@ -311,7 +336,8 @@ def test_route_topk_logit_gradient_is_exactly_sparse_with_renormalised_gates(sco
 @needs_kernels
 @pytest.mark.parametrize("skew", [0.0, 1.0, 3.0])
 def test_dispatch_levels_matches_eager(skew):
-    from ernie5.model.moe import RouterOutput, _dispatch_eager, plan_dispatch, plan_levels
+    from ernie5.fast.moe_levels import _dispatch_eager, plan_dispatch, plan_levels
+    from ernie5.model.moe import RouterOutput
 
     torch.manual_seed(int(skew))
     n, e, a = 300, 16, 2
@@ -340,7 +366,8 @@ def test_dispatch_levels_matches_eager(skew):
 def test_gather_and_combine_rows_match_eager(dtype, skew):
     """The fused gather (pad slots read as zero rows) and combine (sum of a token's pairs) against
     index_select on a zero-padded copy and index_add_ into a zero buffer, over every level."""
-    from ernie5.model.moe import RouterOutput, plan_dispatch
+    from ernie5.fast.moe_levels import plan_dispatch
+    from ernie5.model.moe import RouterOutput
 
     torch.manual_seed(int(skew) + 7)
     n, e, a, d = 300, 16, 2, 40
@@ -383,7 +410,8 @@ def test_gather_and_combine_reject_bad_indices():
 def test_cross_entropy_rows_match_eager(dtype, with_grad):
     """The fused per-row log-sum-exp / NLL / in-place logit gradient against the chunked eager path,
     including IGNORE targets, row weights and a row count that is not a multiple of the chunk."""
-    from ernie5.model.loss import IGNORE, _chunked_nll, _chunked_nll_eager
+    from ernie5.fast.loss import _chunked_nll, _chunked_nll_eager
+    from ernie5.model.inputs import IGNORE
 
     torch.manual_seed(11)
     n, v = 300, 1000

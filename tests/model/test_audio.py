@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ernie5.extract import extract_subnet
-from ernie5.generate import generate
-from ernie5.generate_audio import AudioSampling, generate_audio, speech_prompt
+from ernie5.generation.audio import AudioSampling, generate_audio, speech_prompt
+from ernie5.generation.text import generate
+from ernie5.model.audio import END_TARGET
 from ernie5.model.config import AudioConfig
 from ernie5.model.elastic import Subnet, SubnetSpec, resolve
-from ernie5.model.model import IGNORE, Ernie5Model
-from ernie5.params import count_params
-from ernie5.sequence import AudioInputs, AudioSeg, Segment, pack, text_segment
+from ernie5.model.inputs import IGNORE, AudioInputs, Inputs
+from ernie5.model.model import Ernie5Model
+from ernie5.sequence.segments import AudioSeg, Segment, pack, text_segment
+from ernie5.subnets.extract import extract_subnet
+from ernie5.subnets.params import count_params
 from ernie5.tokenizers.special import BOA, BOS, EOA
 from tests.conftest import tiny_config
 
@@ -39,15 +41,7 @@ def _tts_doc(codes: torch.Tensor, speaker: int = 1) -> list[Segment]:
 
 
 def _fwd(model, batch, **kw):
-    return model(
-        batch.input_ids,
-        positions_3BT=batch.positions,
-        doc_ids_BT=batch.doc_ids,
-        block_ids_BT=batch.block_ids,
-        targets_BT=batch.targets,
-        audio=batch.audio,
-        **kw,
-    )
+    return model(batch.inputs, targets=batch.targets, **kw)
 
 
 def test_config_checks_and_more_levels_than_layers():
@@ -60,7 +54,7 @@ def test_config_checks_and_more_levels_than_layers():
 def test_packing_lays_out_start_frames_and_next_frame_targets():
     codes = _codes(4)
     batch = pack([_tts_doc(codes, speaker=2)], 16)
-    a = batch.audio
+    a = batch.inputs.audio
     # BOS + 3 prompt ids + BOA = 5 text positions, then start + 4 frames, then EOA
     assert a.start_mask_BT[0].nonzero().flatten().tolist() == [5]
     assert a.frame_mask_BT[0].nonzero().flatten().tolist() == [6, 7, 8, 9]
@@ -68,8 +62,10 @@ def test_packing_lays_out_start_frames_and_next_frame_targets():
     assert torch.equal(a.frame_codes_MQ, codes)
     assert a.pred_mask_BT[0].nonzero().flatten().tolist() == [5, 6, 7, 8, 9]
     assert torch.equal(a.targets_PQ[:4], codes)  # start -> frame 1, frame j -> frame j+1
-    assert a.targets_PQ[4].tolist() == [-2, IGNORE, IGNORE]  # the last frame predicts END
-    assert batch.targets[0, 9] == EOA and batch.targets[0, 4] == IGNORE  # text loss only on text targets
+    assert a.targets_PQ[4].tolist() == [END_TARGET, IGNORE, IGNORE]  # the last frame predicts END
+    assert END_TARGET == -2
+    tgt = batch.targets.ids_BT
+    assert tgt[0, 9] == EOA and tgt[0, 4] == IGNORE  # text loss only on text targets
     assert int(batch.modality[0, 6]) == 3
 
 
@@ -80,12 +76,12 @@ def test_ncp_teacher_forced_loss_falls_when_overfitting():
     losses = []
     for _ in range(60):
         out = _fwd(model, batch)
-        loss = out.audio_loss + out.loss
+        loss = out.losses.audio + out.losses.text
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(out.audio_loss.detach()))
-    assert len(out.audio_level_losses) == Q
+        losses.append(float(out.losses.audio.detach()))
+    assert len(out.losses.audio_levels) == Q
     assert losses[-1] < 0.3 * losses[0]
 
 
@@ -109,8 +105,8 @@ def test_inference_yields_every_level_of_a_frame_in_one_forward_and_matches_teac
     model = _model()
     doc = speech_prompt([text_segment([BOS, 11, 12, 13], loss=False)], Q, speaker=1)
     batch = pack([doc], 8)
-    a = batch.audio
-    pred = torch.zeros_like(batch.doc_ids, dtype=torch.bool)
+    a = batch.inputs.audio
+    pred = torch.zeros_like(batch.inputs.doc_ids_BT, dtype=torch.bool)
     pred[0, 5] = True
     calls = []
 
@@ -119,14 +115,14 @@ def test_inference_yields_every_level_of_a_frame_in_one_forward_and_matches_teac
         return logits[:, :K].argmax(-1)
 
     audio = AudioInputs(None, None, a.start_speaker_S, a.start_mask_BT, None, pred)
-    out = model(
-        batch.input_ids,
-        positions_3BT=batch.positions,
-        doc_ids_BT=batch.doc_ids,
-        block_ids_BT=batch.block_ids,
+    inputs = Inputs(
+        batch.inputs.ids_BT,
+        positions_3BT=batch.inputs.positions_3BT,
+        doc_ids_BT=batch.inputs.doc_ids_BT,
+        block_ids_BT=batch.inputs.block_ids_BT,
         audio=audio,
-        audio_sampler=greedy,
     )
+    out = model(inputs, audio_sampler=greedy)
     assert calls == list(range(Q)) and out.audio_codes_PQ.shape == (1, Q)
     # Teacher forcing with the sampled codes as targets gives the same logits at that position.
     tf = _fwd(model, pack([_tts_doc(out.audio_codes_PQ)], 16))
@@ -193,11 +189,11 @@ def test_shallow_subnets_stack_levels_and_extraction_keeps_the_audio_module():
     batch = pack([_tts_doc(_codes(4))], 16)
     for depth in (1, 2):
         sub = resolve(SubnetSpec(depth=depth), model.cfg)
-        plan = model._ncp_plan(sub, batch.audio, None)
+        plan = model.audio.level_layers(sub.layers)
         assert sorted(lv for lvs in plan.values() for lv in lvs) == list(range(Q))
         assert plan[sub.layers[0]][0] == 0 and plan[sub.layers[-1]][-1] == Q - 1
         out = _fwd(model, batch, subnet=sub)
-        assert len(out.audio_level_losses) == Q and torch.isfinite(out.audio_loss)
+        assert len(out.losses.audio_levels) == Q and torch.isfinite(out.losses.audio)
         (codes,) = generate_audio(
             model, [speech_prompt([text_segment([BOS])], Q)], AudioSampling(max_frames=3), subnet=sub
         )
@@ -206,7 +202,7 @@ def test_shallow_subnets_stack_levels_and_extraction_keeps_the_audio_module():
         sub = resolve(spec, model.cfg)
         child = extract_subnet(model, sub)
         a, b = _fwd(model, batch, subnet=sub), _fwd(child, batch, subnet=Subnet.full(child.cfg))
-        assert torch.allclose(a.audio_loss, b.audio_loss, atol=1e-5)
+        assert torch.allclose(a.losses.audio, b.losses.audio, atol=1e-5)
 
 
 def test_audio_parameters_are_counted_in_total_but_not_active():

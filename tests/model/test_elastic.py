@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ernie5.extract import compute_importance, extract_subnet, subnet_config
 from ernie5.model.elastic import Subnet, SubnetError, SubnetSpec, parse_subnet, resolve, select_layers
 from ernie5.model.model import Ernie5Model
-from ernie5.params import count_instantiated, count_params
+from ernie5.subnets.extract import extract_subnet, subnet_config
+from ernie5.subnets.importance import compute_importance
+from ernie5.subnets.params import count_instantiated, count_params
 from tests.conftest import tiny_config
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ernie5.generate import generate, speculative_generate
+from ernie5.fast import apply_fast_paths
+from ernie5.generation.text import generate, speculative_generate
 from ernie5.model.elastic import resolve
 from ernie5.model.model import Ernie5Model
 from tests.conftest import tiny_config
@@ -36,17 +37,56 @@ def test_speculative_equals_greedy(peaky_model, subnet, prompt):
     assert spec == greedy
     assert 0.0 <= stats.acceptance_rate <= 1.0
     assert stats.forwards <= 25
+    # the prefill, then one verifying forward per draft; an accepted draft is one token for free
+    assert stats.forwards == 1 + stats.drafted and 0 <= stats.accepted <= stats.drafted
+    assert stats.drafted + stats.accepted >= len(greedy) - 1
 
 
-def test_speculative_accepts_drafts_of_a_copying_mtp():
-    """When the MTP head predicts what the backbone will say, every draft is accepted."""
+def _successor_model() -> Ernie5Model:
+    """A model whose backbone and MTP head both provably say ``(t + 1) mod V`` after token ``t``.
+
+    * Every block's output projections (attention ``wo``, the experts' and dense FFNs' ``w2``) are
+      zero, so each block is the identity on the residual stream: the backbone's hidden state at a
+      position is its own token's embedding ``e_t``, whatever the prefix.
+    * The embedding rows have one norm and pairwise distinct directions, and the head's row for
+      ``(s + 1) mod V`` is ``e_s``: the logit of ``s + 1`` is ``<RMSNorm(e_t), e_s>``, which is
+      largest exactly at ``s = t`` (Cauchy-Schwarz; the norm weights are 1).
+    * The MTP projection is ``[0 | I]``: it passes on ``RMSNorm(Emb(t_{n+1}))``, its block is the
+      identity too, and the shared head drafts ``t_{n+1} + 1``, which is what the backbone says
+      after ``t_{n+1}``: the draft of a copy of the backbone's rule.
+    """
     torch.manual_seed(0)
     m = Ernie5Model(tiny_config()).eval()
+    v, d = m.cfg.vocab_size, m.cfg.d_model
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith(("wo.weight", "w2.weight", "ffn.w2")):
+                p.zero_()
+        emb = torch.nn.functional.normalize(torch.randn(v, d), dim=-1)
+        m.tok_emb.weight.copy_(emb)
+        m.head.weight.copy_(emb.roll(1, dims=0))  # row s + 1 is e_s
+        m.mtp[0].proj.weight.copy_(torch.cat([torch.zeros(d, d), torch.eye(d)], dim=1))
+    return m
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_speculative_accepts_every_draft_of_a_copying_mtp(fast):
+    """When the MTP head predicts what the backbone will say, every draft is accepted."""
+    m = _successor_model()
+    if fast:
+        apply_fast_paths(m)
     prompt = [5, 6, 7]
+    with torch.no_grad():  # the construction holds: each block is the identity, the head says t + 1
+        out = m(torch.tensor([prompt]))
+        assert torch.equal(out.hidden_BTD[0], m.tok_emb.weight[prompt])
+        assert out.logits_BTV[0].argmax(-1).tolist() == [6, 7, 8]
     greedy = generate(m, [prompt], 10)[0]
-    _, stats = speculative_generate(m, prompt, 10)
-    assert stats.drafted > 0 and stats.acceptance_rate >= 0.0
-    assert len(greedy) == 10
+    assert greedy == [(8 + i) % m.cfg.vocab_size for i in range(10)]
+    spec, stats = speculative_generate(m, prompt, 10)
+    assert spec == greedy
+    assert stats.drafted > 0 and stats.accepted == stats.drafted and stats.acceptance_rate == 1.0
+    # every verifying forward yields two tokens: the prefill gives the first, five forwards the rest
+    assert stats.drafted == 5 and stats.forwards == 6
 
 
 def test_eos_and_stop_callback(peaky_model):
@@ -63,7 +103,7 @@ def test_prompt_too_long_is_an_error(peaky_model):
 
 
 def test_sample_categorical_draws_the_distribution():
-    from ernie5.generate import sample_categorical
+    from ernie5.generation.text import sample_categorical
 
     probs = torch.tensor([[0.0, 0.5, 0.2, 0.0, 0.3, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 3.0]])
     g = torch.Generator().manual_seed(0)

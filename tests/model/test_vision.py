@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from ernie5.checkpoint import load_checkpoint, save_checkpoint
-from ernie5.generate_vision import generate_media
+from ernie5.generation.vision import generate_media
 from ernie5.model.config import VisionConfig
-from ernie5.model.model import IGNORE, Ernie5Model
+from ernie5.model.inputs import IGNORE
+from ernie5.model.model import Ernie5Model
 from ernie5.model.vision import cell_centres, nfsp_layout, scale_loss_weights, und_layout
-from ernie5.sequence import pack, text_segment
+from ernie5.sequence.segments import pack, text_segment
+from ernie5.sequence.vision import encode_media, generation_segment, to_pixels, understanding_segment
+from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
 from ernie5.tokenizers.special import BOI, BOS, EOI
 from ernie5.tokenizers.vision import VisionTokenizer
 from ernie5.tokenizers.vision_config import VisionTokenizerConfig
-from ernie5.vision_docs import encode_media, generation_segment, to_pixels, understanding_segment
 from tests.conftest import tiny_config
 
 VCFG = VisionConfig(enabled=True, cnn_channels=16, vit_dim=16, vit_layers=1, vit_heads=2, latent_bits=6)
@@ -67,13 +68,15 @@ def _gen_doc(vtok, images):
 
 def test_packed_generation_document(vtok):
     batch = pack(_gen_doc(vtok, _images(1)), seq_len=128)
-    g = batch.vision.gen
-    assert batch.vision.gen_mask_BT.sum() == 85 and g.targets_PD.shape == (85, 6)
+    vision = batch.inputs.vision
+    g = vision.gen
+    assert vision.gen_mask_BT.sum() == 85 and g.targets_PD.shape == (85, 6)
     assert set(g.targets_PD.unique().tolist()) <= {0.0, 1.0}
     assert g.start_P.sum() == 1  # the first scale of the first frame starts from the start embedding
-    gen_pos = batch.vision.gen_mask_BT[0].nonzero().flatten()
+    gen_pos = vision.gen_mask_BT[0].nonzero().flatten()
     # no text target inside the image; the last image position predicts EOI
-    assert (batch.targets[0, gen_pos[:-1]] == IGNORE).all() and batch.targets[0, gen_pos[-1]] == EOI
+    tgt = batch.targets.ids_BT
+    assert (tgt[0, gen_pos[:-1]] == IGNORE).all() and tgt[0, gen_pos[-1]] == EOI
 
 
 def test_block_causal_mask_in_the_model(vtok):
@@ -82,19 +85,13 @@ def test_block_causal_mask_in_the_model(vtok):
 
     def hidden(b):
         with torch.no_grad():
-            return m(
-                b.input_ids,
-                positions_3BT=b.positions,
-                doc_ids_BT=b.doc_ids,
-                block_ids_BT=b.block_ids,
-                vision=b.vision,
-            ).hidden_BTD[0]
+            return m(b.inputs).hidden_BTD[0]
 
     base = hidden(batch)
-    gen_pos = batch.vision.gen_mask_BT[0].nonzero().flatten()
+    gen_pos = batch.inputs.vision.gen_mask_BT[0].nonzero().flatten()
     # perturb the input of the last scale (positions 21..84 of the image): earlier scales must not change,
     # every position of the last scale (one bidirectional block) must
-    batch.vision.gen.inputs_PD[21:] += 1.0
+    batch.inputs.vision.gen.inputs_PD[21:] += 1.0
     moved = hidden(batch)
     assert torch.allclose(base[gen_pos[:21]], moved[gen_pos[:21]], atol=1e-5)
     assert not torch.allclose(base[gen_pos[21]], moved[gen_pos[21]])
@@ -118,11 +115,11 @@ def test_nfsp_teacher_forced_loss_falls_when_overfitting(vtok):
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     losses = []
     for _ in range(60):
-        out = m(**batch.model_inputs())
+        out = m(batch.inputs, targets=batch.targets)
         opt.zero_grad()
-        out.vision_loss.backward()
+        out.losses.vision.backward()
         opt.step()
-        losses.append(float(out.vision_loss))
+        losses.append(float(out.losses.vision.detach()))
     assert losses[-1] < 0.5 * losses[0]
 
 
@@ -140,15 +137,15 @@ def test_understanding_answers_are_learned_from_the_image(vtok):
         for i in range(4)
     ]
     batch = pack(docs, seq_len=32, n_rows=4, one_per_row=True)
-    answer = (batch.targets >= 40) & (batch.targets < 44)
+    answer = (batch.targets.ids_BT >= 40) & (batch.targets.ids_BT < 44)
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     for _ in range(60):
-        out = m(**batch.model_inputs())
+        out = m(batch.inputs, targets=batch.targets)
         opt.zero_grad()
-        out.loss.backward()
+        out.losses.text.backward()
         opt.step()
     with torch.no_grad():
-        logits = m(**batch.model_inputs(), return_logits=True).logits_BTV
+        logits = m(batch.inputs, targets=batch.targets, return_logits=True).logits_BTV
     assert logits[answer].argmax(-1).tolist() == [40, 41, 42, 43]
 
 

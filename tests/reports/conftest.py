@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ernie5.runs import write_json
+from ernie5.store.runs import write_json
 from evals import metrics
 from evals.results import write_tables, write_unit
 

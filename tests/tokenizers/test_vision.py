@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ernie5 import metrics
 from ernie5.config import ConfigError, dump, from_dict
 from ernie5.tokenizers.vision import (
     CausalConv3d,
@@ -26,7 +27,6 @@ from ernie5.tokenizers.vision import (
 from ernie5.tokenizers.vision_config import VisionTokenizerConfig
 from ernie5.tokenizers.vision_losses import gradient_loss, perceptual_loss, ssim
 from ernie5.tokenizers.vision_quant import area_downsample
-from evals import metrics
 
 
 def tiny_cfg(**overrides) -> VisionTokenizerConfig:

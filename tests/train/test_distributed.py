@@ -57,7 +57,7 @@ def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
         "--dynamo_backend",
         "no",
         "-m",
-        "ernie5.cli",
+        "jobs.cli",
         "train",
         "--out",
         str(dp),
@@ -70,7 +70,7 @@ def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
         [
             sys.executable,
             "-m",
-            "ernie5.cli",
+            "jobs.cli",
             "train",
             "--out",
             str(single),
@@ -95,7 +95,7 @@ def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
 def test_kill_9_at_a_random_moment_then_resume_matches_a_straight_run(tmp_path):
     straight = tmp_path / "straight"
     r = subprocess.run(
-        [sys.executable, "-m", "ernie5.cli", "train", "--out", str(straight), *COMMON],
+        [sys.executable, "-m", "jobs.cli", "train", "--out", str(straight), *COMMON],
         env=_env(),
         capture_output=True,
         text=True,
@@ -105,7 +105,7 @@ def test_kill_9_at_a_random_moment_then_resume_matches_a_straight_run(tmp_path):
     killed = tmp_path / "killed"
     rng = random.Random(0)
     for attempt in range(3):  # kill a few times at random moments, resuming in between
-        cmd = [sys.executable, "-m", "ernie5.cli", "train", "--out", str(killed), *COMMON]
+        cmd = [sys.executable, "-m", "jobs.cli", "train", "--out", str(killed), *COMMON]
         if attempt or (killed / "config.yaml").exists():
             cmd.append("--resume")
         proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -114,7 +114,7 @@ def test_kill_9_at_a_random_moment_then_resume_matches_a_straight_run(tmp_path):
             proc.send_signal(signal.SIGKILL)
         proc.wait()
     r = subprocess.run(
-        [sys.executable, "-m", "ernie5.cli", "train", "--out", str(killed), *COMMON, "--resume"],
+        [sys.executable, "-m", "jobs.cli", "train", "--out", str(killed), *COMMON, "--resume"],
         env=_env(),
         capture_output=True,
         text=True,

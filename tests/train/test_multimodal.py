@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from ernie5.checkpoint import load_checkpoint
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
+from ernie5.store.checkpoint import load_checkpoint
 from ernie5.tokenizers.vision import VisionTokenizer
 from ernie5.tokenizers.vision_config import VisionTokenizerConfig
 from train.config import RunConfig
@@ -139,7 +139,7 @@ def test_audio_sources_need_a_fitting_codec(codec_dir, tmp_path):
 def test_media_understanding_sets_the_share_of_understanding_documents(share):
     import random
 
-    from train.vision_data import open_media_source
+    from ernie5.data.vision_sources import open_media_source
 
     for name in ("shapes", "moving_shapes"):
         fn = open_media_source(name, None, 32, understanding=share)

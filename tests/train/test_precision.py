@@ -140,7 +140,8 @@ def test_gradient_norm_reuses_the_expert_kernels_sums_of_squares(monkeypatch):
     """With bf16 MoE experts on the padding-skipping kernels, the fused step takes the expert
     weight gradients' sums of squares from the kernels that computed them, and the norm (so the
     clipped update) matches the one that reads every gradient."""
-    from ernie5.kernels import ops
+    from ernie5.fast import apply_fast_paths
+    from ernie5.fast.moe import FastMoE
     from ernie5.model.config import MoEConfig
     from ernie5.model.moe import MoE
 
@@ -154,16 +155,20 @@ def test_gradient_norm_reuses_the_expert_kernels_sums_of_squares(monkeypatch):
         for p in master.parameters():
             nn.init.normal_(p, std=0.1)
         mp = MixedPrecision(master, "bf16")
+        # what the trainer does: the replica's MoE layers record into the pair's own GradSquares
+        apply_fast_paths(mp.compute, grad_squares=mp.grad_squares)
+        assert isinstance(mp.compute, FastMoE) and mp.compute.grad_squares is mp.grad_squares
+        assert type(master) is MoE  # the master keeps the eager maths
         opt = torch.optim.AdamW(master.parameters(), lr=1e-2, fused=True)
         hits = []
-        take = ops.take_grad_sumsq
+        take = mp.grad_squares.take
 
         def counted(param, grad):
             got = take(param, grad) if reuse else None
             hits.append(got is not None)
             return got
 
-        monkeypatch.setattr(ops, "take_grad_sumsq", counted)
+        monkeypatch.setattr(mp.grad_squares, "take", counted)
         y, _ = mp.compute(torch.randn(2, 40, 64).bfloat16())
         y.float().square().sum().backward()
         mp.accumulate_grads(only_micro_batch=True)
@@ -176,3 +181,18 @@ def test_gradient_norm_reuses_the_expert_kernels_sums_of_squares(monkeypatch):
     assert norm == pytest.approx(ref_norm, rel=1e-6)
     for p, q in zip(params, ref_params):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+
+
+def test_each_pair_owns_its_grad_squares():
+    """The recorded sums belong to one master/replica pair (no process-wide table): a sum recorded
+    for one pair's replica is invisible to another's, and accumulating gradients forgets it."""
+    a, b = MixedPrecision(_net(), "bf16"), MixedPrecision(_net(), "bf16")
+    assert a.grad_squares is not b.grad_squares
+    p, g = a.compute[0].weight, torch.ones(16, 8, dtype=torch.bfloat16)
+    a.grad_squares.record(p, g, 128.0)
+    assert b.grad_squares.take(p, g) is None
+    assert a.grad_squares.take(p, g) == 128.0
+    a.grad_squares.record(p, g, 128.0)
+    p.grad = g
+    a.accumulate_grads()  # the replica's gradient now lives (added) in the master's
+    assert a.grad_squares.take(p, g) is None

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from ernie5.checkpoint import load_checkpoint
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
+from ernie5.store.checkpoint import load_checkpoint
 from train.config import RunConfig
 from train.loop import RunError, checkpoint_dirs, pretrain
 
@@ -93,9 +93,9 @@ def test_data_stream_is_a_pure_function_of_the_step(straight_run):
     tok = TextTokenizer.load(straight_run / "tokenizer.json")
     stream = MixtureStream(cfg.data, open_sources(cfg.data, None), tok, seed=0)
     a, b = stream.batch(5, 0), stream.batch(5, 0)
-    assert (a.input_ids == b.input_ids).all() and (a.targets == b.targets).all()
-    assert not (stream.batch(5, 1).input_ids == a.input_ids).all()  # another micro-batch / process
-    assert a.input_ids.shape == (cfg.data.batch_size, cfg.data.seq_len)
+    assert (a.inputs.ids_BT == b.inputs.ids_BT).all() and (a.targets.ids_BT == b.targets.ids_BT).all()
+    assert not (stream.batch(5, 1).inputs.ids_BT == a.inputs.ids_BT).all()  # another micro-batch / process
+    assert a.inputs.ids_BT.shape == (cfg.data.batch_size, cfg.data.seq_len)
 
 
 def test_init_from_starts_from_the_weights_of_another_run(straight_run, tmp_path):
@@ -125,3 +125,26 @@ def test_init_from_with_another_model_config_is_a_run_error(straight_run, tmp_pa
         )
     with pytest.raises(RunError, match="train.init_from"):
         pretrain(_cfg("train.steps=1", f"train.init_from={tmp_path / 'nothing'}"), tmp_path / "y", quiet=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_trainer_runs_the_fast_paths_on_its_compute_replica(tmp_path, dtype):
+    """The trainer applies the fast paths to the model it computes with, and its MoE layers record
+    the expert gradients' sums of squares into that trainer's own mixed-precision pair."""
+    from ernie5.fast import is_fast
+    from ernie5.fast.moe import FastMoE
+    from ernie5.model.moe import MoE
+    from train.loop import Trainer
+
+    trainer = Trainer(_cfg(f"train.dtype={dtype}"), tmp_path / "run", resume=False, data_dir=None, quiet=True)
+    trainer._setup()
+    mp = trainer.precision
+    assert is_fast(mp.compute)
+    moes = [m for m in mp.compute.modules() if isinstance(m, MoE)]
+    assert len(moes) == len(trainer.moe_layers) > 0
+    assert all(
+        isinstance(m, FastMoE) and m.grad_squares is mp.grad_squares and m.path == "auto" for m in moes
+    )
+    assert (mp.compute is trainer.model) == (dtype == "fp32")
+    if dtype == "bf16":
+        assert not is_fast(trainer.model)  # the fp32 master keeps the eager maths

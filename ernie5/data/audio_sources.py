@@ -1,0 +1,126 @@
+"""Speech and tone documents for the pretraining mixture (recognition, synthesis, understanding).
+
+Every source draws one :class:`AudioDoc` per call from a seeded generator: a waveform (8 kHz) and
+the text around it. The stream encodes a micro-batch's waveforms with the frozen codec in one call
+and lays them out as audio segments. The prompt and answer formats are the ones the harness's audio
+tasks use (``evals/tasks/audio.py`` imports them from here), so training and evaluation agree:
+
+  * recognition: ``BOA <frames> EOA Transcript: seven three`` (the frames are input only);
+  * synthesis (TTS): ``Say: seven three. BOA <speaker> <frames> EOA`` with Next-Codec-Prediction
+    targets on the frames (``Dial: five star.`` for keypad tones, which have no speaker);
+  * understanding: ``BOA <frames> EOA Question: Which digit is spoken?\\nAnswer: seven`` and
+    ``Who is speaking?``.
+
+Sources: ``dtmf`` (procedural keypad tones: always available, what a fresh machine trains on) and
+``fsdd`` (the FSDD train split: single digits and multi-digit sequences of one speaker built with
+a seed; the test split, which the harness scores, is never read).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SPEAKER_QUESTION = "Who is speaking?"
+DIGIT_SPOKEN_QUESTION = "Which digit is spoken?"
+
+
+@dataclass
+class AudioDoc:
+    """One audio document before tokenization."""
+
+    kind: str
+    """``und`` (audio then text) or ``gen`` (prompt then audio with NCP targets)."""
+    wave: np.ndarray
+    """float32 ``(S,)`` at 8 kHz in [-1, 1]."""
+    prompt: str = ""
+    text: str = ""
+    speaker: int = -1
+    """Speaker id of a ``gen`` document's start position (-1 = generic start)."""
+
+
+def speaker_id(name: str) -> int:
+    """The speaker-embedding row of an FSDD speaker (-1 for anything else, e.g. DTMF)."""
+    from ernie5.data.audio import FSDD_SPEAKERS
+
+    return FSDD_SPEAKERS.index(name) if name in FSDD_SPEAKERS else -1
+
+
+def transcript_text(text: str) -> str:
+    """What follows recognised audio: ``Transcript: <normalised words>``."""
+    return f"Transcript: {text}\n"
+
+
+TRANSCRIPT_PREFIX = "Transcript:"
+
+
+def say_prompt(text: str) -> str:
+    """The TTS prompt of speech."""
+    return f"Say: {text}."
+
+
+def dial_prompt(text: str) -> str:
+    """The TTS prompt of keypad tones (``text`` is the normalised key words)."""
+    return f"Dial: {text}."
+
+
+def _qa(question: str, answer: str) -> str:
+    from ernie5.data.vision_sources import qa_text
+
+    return qa_text(question, answer)
+
+
+def _dtmf(rng: random.Random, _data) -> AudioDoc:
+    from ernie5.data.dtmf import DTMF_KEYS, dtmf_utterance
+
+    keys = "".join(rng.choice(DTMF_KEYS) for _ in range(rng.randint(1, 5)))
+    u = dtmf_utterance(keys, rng)
+    if rng.random() < 0.5:
+        return AudioDoc("gen", u.wave, prompt=dial_prompt(u.text))
+    return AudioDoc("und", u.wave, text=transcript_text(u.text))
+
+
+def _fsdd(rng: random.Random, data) -> AudioDoc:
+    from ernie5.data.audio import concat_utterances
+
+    by_speaker, speakers = data
+    spk = rng.choice(speakers)
+    pool = by_speaker[spk]
+    single = rng.random() < 0.5
+    parts = [rng.choice(pool)] if single else rng.sample(pool, rng.randint(2, 4))
+    u = parts[0] if single else concat_utterances(parts, rng)
+    pick = rng.random()
+    if pick < 0.4:
+        return AudioDoc("gen", u.wave, prompt=say_prompt(u.text), speaker=speaker_id(spk))
+    if pick < 0.8 or not single:
+        return AudioDoc("und", u.wave, text=transcript_text(u.text))
+    if pick < 0.9:
+        return AudioDoc("und", u.wave, text=_qa(DIGIT_SPOKEN_QUESTION, u.text))
+    return AudioDoc("und", u.wave, text=_qa(SPEAKER_QUESTION, spk))
+
+
+def _fsdd_train(data_dir: Path | None):
+    from ernie5.data.audio import fsdd_utterances
+
+    by_speaker: dict[str, list] = {}
+    for u in fsdd_utterances(data_dir, "train"):  # the harness scores the test split only
+        by_speaker.setdefault(u.speaker, []).append(u)
+    return by_speaker, sorted(by_speaker)
+
+
+AUDIO_SOURCES: dict[str, tuple[Callable, Callable | None]] = {
+    "dtmf": (_dtmf, None),
+    "fsdd": (_fsdd, _fsdd_train),
+}
+"""Source name -> (document function, loader of the data it needs or None)."""
+
+
+def open_audio_source(name: str, data_dir: Path | None) -> Callable[[random.Random], AudioDoc]:
+    """A document function for ``name`` (raises ``DataMissing`` when its data is absent)."""
+    fn, loader = AUDIO_SOURCES[name]
+    data = loader(data_dir) if loader is not None else None
+    return lambda rng: fn(rng, data)

@@ -1,0 +1,1 @@
+"""Process-level runtime: allocator tuning and data-parallel process-group facts."""

@@ -1,0 +1,52 @@
+"""Audio documents in the unified sequence: waveforms -> codec codes -> audio segments.
+
+Shared by the pretraining stream, the harness adapter and the CLI, so every consumer lays audio out
+the same way: ``BOA <frames> EOA`` for recognition/understanding (frames are input only) and
+``BOA <start/speaker> <frames> EOA`` with Next-Codec-Prediction targets for synthesis.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ernie5.sequence.segments import AudioSeg, Segment
+
+
+@torch.inference_mode()
+def encode_waves(codec, waves: list[np.ndarray], batch_size: int = 64) -> list[torch.Tensor]:
+    """Codes ``(n_frames, Q)`` of each waveform (float32 at the codec's rate), batched and zero-padded."""
+    out: list[torch.Tensor] = []
+    for start in range(0, len(waves), batch_size):
+        chunk = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waves[start : start + batch_size]]
+        longest = max(len(w) for w in chunk)
+        n_pad = max(codec.hop, -(-longest // codec.hop) * codec.hop)
+        wave_BS = torch.zeros(len(chunk), n_pad)
+        for i, w in enumerate(chunk):
+            wave_BS[i, : len(w)] = torch.from_numpy(w)
+        codes_BNQ = codec.encode(wave_BS)
+        for i, w in enumerate(chunk):
+            out.append(codes_BNQ[i, : max(1, codec.n_frames(len(w)))].long().cpu())
+    return out
+
+
+@torch.inference_mode()
+def decode_codes(codec, codes: list[torch.Tensor]) -> list[np.ndarray]:
+    """Waveforms (float32) of code sequences ``(n_frames, Q)``; empty sequences give empty waves."""
+    waves = []
+    for c in codes:
+        if len(c) == 0:
+            waves.append(np.zeros(0, dtype=np.float32))
+            continue
+        waves.append(codec.decode(c[None].long()).reshape(-1).float().cpu().numpy())
+    return waves
+
+
+def understanding_segment(codes_NQ: torch.Tensor) -> Segment:
+    """An input-only audio segment (recognition, understanding)."""
+    return Segment("audio", audio=AudioSeg(codes_NQ))
+
+
+def generation_segment(codes_NQ: torch.Tensor, speaker: int = -1) -> Segment:
+    """A synthesis segment: a start (speaker) position, the frames, NCP targets and END."""
+    return Segment("audio", audio=AudioSeg(codes_NQ, start=True, speaker=speaker, targets=True))

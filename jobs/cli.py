@@ -1,0 +1,520 @@
+"""The one command-line entry: ``ernie5 <command>``.
+
+Each subcommand parses its arguments and calls one library function. Bad input is a one-line
+``ernie5 <command>: error: ...`` on stderr with exit code 2 and no traceback.
+
+It sits on the top layer (``jobs``), above ``train``, ``evals`` and ``reports``, which it imports
+lazily inside the command handlers so that ``ernie5 --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+EXIT_REGRESSION = 1
+
+
+class CLIError(Exception):
+    """A user error reported as one line with exit code 2."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from ernie5.config import ConfigError
+    from ernie5.data.root import DataMissing
+    from ernie5.model.elastic import SubnetError
+    from ernie5.store.checkpoint import CheckpointError
+    from ernie5.tokenizers.text import TokenizerError
+
+    errors: list[type[BaseException]] = [
+        CLIError,
+        ConfigError,
+        SubnetError,
+        CheckpointError,
+        DataMissing,
+        TokenizerError,
+    ]
+    from ernie5.data.text import DataCorrupt
+    from ernie5.tokenizers.refiner import RefinerError
+    from ernie5.tokenizers.vision import VisionTokenizerError
+    from evals.adapter import EvalInputError
+    from reports.load import ReportError
+    from train.loop import RunError
+
+    errors += [DataCorrupt, EvalInputError, RunError, ReportError, RefinerError, VisionTokenizerError]
+    return tuple(errors)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _load_run_config(config: str, overrides: list[str]):
+    from ernie5.config import load
+    from ernie5.presets import resolve_config_path
+    from train.config import RunConfig
+
+    return load(RunConfig, resolve_config_path(config), overrides)
+
+
+def _load_model_config(args):
+    """ModelConfig from --config (preset/file, `model:` section) or --checkpoint (config.yaml)."""
+    from ernie5.config import ConfigError, apply_overrides, from_dict, read_yaml
+    from ernie5.model.config import ModelConfig
+    from ernie5.presets import resolve_config_path
+
+    if args.checkpoint:
+        from ernie5.store.checkpoint import resolve_checkpoint
+
+        path = resolve_checkpoint(args.checkpoint)
+        data = read_yaml(path / "config.yaml")
+        return from_dict(ModelConfig, apply_overrides(data, args.set or [])), path
+    data = read_yaml(resolve_config_path(args.config))
+    model_data = data.get("model", {})
+    if not isinstance(model_data, dict):
+        raise ConfigError("model: expected a mapping")
+    overrides = [s[len("model.") :] for s in (args.set or []) if s.startswith("model.")]
+    bad = [s for s in (args.set or []) if not s.startswith("model.")]
+    if bad:
+        raise CLIError(f"--set {bad[0]!r}: only model.* keys apply to `params`")
+    try:
+        return from_dict(ModelConfig, apply_overrides(model_data, overrides)), None
+    except ConfigError as e:
+        raise ConfigError(f"model.{e}") from None
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+# ---------------------------------------------------------------------------- commands
+def cmd_train(args) -> int:
+    """``ernie5 train``."""
+    from train.loop import pretrain
+
+    cfg = _load_run_config(args.config, args.set or [])
+    last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
+    if last:
+        print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
+    return 0
+
+
+def _train_component(args, config_cls, train_fn, **kwargs) -> int:
+    """Shared body of the ``train-*`` commands: a new --out folder, a strict config, a JSON summary."""
+    from ernie5.config import load
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
+    cfg = load(config_cls, args.config, args.set or [])
+    _print_json(train_fn(cfg, out, args.data_dir, time_budget_s=args.time_budget, **kwargs))
+    return 0
+
+
+def cmd_train_vision_tokenizer(args) -> int:
+    """``ernie5 train-vision-tokenizer``."""
+    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+
+    return _train_component(args, VisionTokenizerTrainConfig, train_vision_tokenizer)
+
+
+def cmd_train_audio_codec(args) -> int:
+    """``ernie5 train-audio-codec``."""
+    from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
+
+    return _train_component(args, AudioCodecTrainConfig, train_audio_codec)
+
+
+def cmd_train_refiner(args) -> int:
+    """``ernie5 train-refiner``."""
+    from train.refiner import RefinerTrainConfig, train_refiner
+
+    return _train_component(args, RefinerTrainConfig, train_refiner, tokenizer_path=args.tokenizer)
+
+
+def cmd_params(args) -> int:
+    """``ernie5 params``."""
+    from ernie5.model.elastic import parse_subnet, resolve
+    from ernie5.store.checkpoint import load_checkpoint
+    from ernie5.subnets.params import count_params
+    from ernie5.subnets.resolve import needs_calibration, resolve_specs
+
+    if bool(args.config) == bool(args.checkpoint):
+        raise CLIError("give exactly one of --config or --checkpoint")
+    cfg, path = _load_model_config(args)
+    subnet = None
+    if args.subnet and path is not None and needs_calibration(parse_subnet(args.subnet), cfg):
+        (subnet,) = resolve_specs([args.subnet], load_checkpoint(path))  # importance needs the weights
+    elif args.subnet:
+        subnet = resolve(args.subnet, cfg)
+    report = count_params(cfg, subnet, args.seq_len).to_dict()
+    report = {"subnet": subnet.name if subnet else "full", **report}
+    if args.json:
+        _print_json(report)
+    else:
+        for k, v in report.items():
+            if isinstance(v, float) and k == "activation_rate":
+                v = f"{v * 100:.3f} %"
+            elif isinstance(v, int | float) and not isinstance(v, bool) and abs(v) >= 1000:
+                v = f"{v:,.0f}"
+            print(f"{k:28s} {v}")
+    return 0
+
+
+def cmd_extract(args) -> int:
+    """``ernie5 extract``."""
+    from ernie5.subnets.extract import extract_checkpoint
+
+    out = Path(args.out)
+    if out.exists():
+        raise CLIError(f"--out {out} already exists; choose a new folder (nothing is overwritten)")
+    report = extract_checkpoint(args.checkpoint, args.subnet, out, data_dir=args.data_dir)
+    _print_json(report)
+    return 0
+
+
+def cmd_generate(args) -> int:
+    """``ernie5 generate``."""
+    from ernie5.generation.text import generate_text
+
+    text, info = generate_text(
+        args.checkpoint,
+        args.prompt,
+        subnet=args.subnet,
+        max_new_tokens=args.max_new_tokens,
+        speculative=args.speculative,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    print(text)
+    if info:
+        print(json.dumps(info), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """``ernie5 bench moe|decode|train``."""
+    for name in ("repeats", "grad_accum"):
+        if getattr(args, name) < 1:
+            raise CLIError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    if args.grad_accum != 1 and args.what != "train":
+        raise CLIError(f"--grad-accum applies to `bench train`, not `bench {args.what}`")
+    if args.decoding is not None and args.what != "decode":
+        raise CLIError(f"--decoding applies to `bench decode`, not `bench {args.what}`")
+    from ernie5.bench.timing import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if device.type != "cpu" and args.what == "train":
+        raise CLIError(f"--device {args.device!r}: `bench train` measures CPU MFU and runs on cpu only")
+    if args.what == "moe":
+        from ernie5.bench.moe import bench_moe
+
+        result = bench_moe(tokens=args.tokens, repeats=args.repeats, device=device)
+    elif args.what == "decode":
+        from ernie5.bench.decode import bench_decode
+
+        result = bench_decode(
+            repeats=args.repeats,
+            new_tokens=args.new_tokens,
+            device=device,
+            decoding=args.decoding or "sampled",
+        )
+    else:
+        from train.bench import bench_train
+
+        result = bench_train(repeats=args.repeats, peer=args.peer, grad_accum=args.grad_accum)
+    if args.json:
+        _print_json(result)
+    else:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_tasks(args) -> int:
+    """``ernie5 tasks``."""
+    from ernie5.data.root import resolve_data_dir
+    from evals.catalog import format_table, list_tasks
+
+    rows = list_tasks(resolve_data_dir(args.data_dir))
+    if args.json:
+        _print_json(rows)
+    else:
+        print(format_table(rows))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """``ernie5 sweep``."""
+    from evals.sweep import run_sweep
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.resume and not (out / "units").is_dir():
+        raise CLIError(f"--out {out} exists and is not a sweep run folder; choose a new folder")
+    summary = run_sweep(
+        args.checkpoint,
+        args.suite,
+        out,
+        data_dir=args.data_dir,
+        limit=args.limit,
+        cache_path=args.cache,
+        quiet=args.quiet,
+        argv=sys.argv,
+    )
+    print(json.dumps(_sweep_summary(summary)))
+    return 0
+
+
+def _sweep_summary(s) -> dict:
+    return {
+        "run_dir": str(s.run_dir),
+        "units": s.n_units,
+        "computed": s.computed,
+        "reused": s.reused,
+        "skipped": s.skipped,
+        "errors": s.errors,
+        "unit_wall_s": round(s.wall_s, 3),
+        "model_s": round(s.model_s, 3),
+        "harness_overhead_share": round(s.overhead_share, 4),
+        "cache_hits": s.cache_hits,
+        "cache_misses": s.cache_misses,
+    }
+
+
+def cmd_lm_eval(args) -> int:
+    """``ernie5 lm-eval``: lm-eval's own command line with the ``ernie5`` model registered."""
+    from evals.lm_eval_bridge import run_lm_eval_cli
+
+    return run_lm_eval_cli(args.lm_eval_args)
+
+
+def cmd_report(args) -> int:
+    """``ernie5 report``."""
+    from reports import build_report
+
+    out = build_report(args.run_dir, args.out)
+    print(out / "index.html")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    """``ernie5 compare``: with --fail-on-regression, exit 1 on any significant regression."""
+    from reports import compare_runs
+
+    result = compare_runs(args.base_run, args.new_run, args.out)
+    print(result.summary_markdown)
+    print(f"written to {result.out_dir}", file=sys.stderr)
+    return EXIT_REGRESSION if args.fail_on_regression and result.has_regression else 0
+
+
+def cmd_nightly(args) -> int:
+    """``ernie5 nightly``: the main job."""
+    from jobs.nightly import run_nightly
+
+    run_nightly(
+        checkpoint=args.checkpoint,
+        suite=args.suite,
+        data_dir=args.data_dir,
+        out=args.out,
+        baseline=getattr(args, "baseline", None),
+        quiet=args.quiet,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of every command."""
+    p = argparse.ArgumentParser(prog="ernie5", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser("train", help="pretrain a model (elastic sampling, MTP, aux-free balancing)")
+    t.add_argument("--config", required=True, help="preset name (micro, nano) or a run-config YAML file")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
+    t.add_argument("--out", required=True, help="run folder to create (or continue with --resume)")
+    t.add_argument(
+        "--resume", action="store_true", help="continue from the run folder's newest complete checkpoint"
+    )
+    t.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(fn=cmd_train)
+
+    for name, fn, what in (
+        (
+            "train-vision-tokenizer",
+            cmd_train_vision_tokenizer,
+            "train the causal multi-scale bitwise vision tokenizer (2D, then inflated to 3D)",
+        ),
+        ("train-refiner", cmd_train_refiner, "train the cascaded diffusion refiner (2x upsampling)"),
+        (
+            "train-audio-codec",
+            cmd_train_audio_codec,
+            "train the RVQ audio codec (level 1 distilled toward a semantic teacher)",
+        ),
+    ):
+        tv = sub.add_parser(name, help=what)
+        tv.add_argument("--out", required=True, help="output folder (new)")
+        tv.add_argument("--config", default=None, help="YAML run config (default: the built-in defaults)")
+        tv.add_argument(
+            "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
+        )
+        what_data = "FSDD" if name == "train-audio-codec" else "MNIST"
+        always = "DTMF" if name == "train-audio-codec" else "shapes"
+        tv.add_argument(
+            "--data-dir", help=f"data root for {what_data} (default: $ERNIE5_DATA_DIR; {always} always)"
+        )
+        tv.add_argument("--time-budget", type=float, default=None, help="wall-clock cap in seconds")
+        if name == "train-refiner":
+            tv.add_argument(
+                "--tokenizer", help="a 2D vision tokenizer folder whose round trip is a degradation"
+            )
+        tv.set_defaults(fn=fn)
+
+    pa = sub.add_parser("params", help="total/active params, activation rate and FLOPs per token")
+    pa.add_argument("--config", help="preset name or run-config YAML")
+    pa.add_argument("--checkpoint", help="checkpoint folder or run folder (its newest checkpoint)")
+    pa.add_argument("--subnet", help="elastic sub-model, e.g. d0.75-w0.5-k1")
+    pa.add_argument("--set", action="append", metavar="KEY=VALUE", help="override model.* values")
+    pa.add_argument(
+        "--seq-len", type=int, default=None, help="context for attention FLOPs (default: max_seq_len)"
+    )
+    pa.add_argument("--json", action="store_true", help="print JSON")
+    pa.set_defaults(fn=cmd_params)
+
+    e = sub.add_parser("extract", help="write a standalone checkpoint of a sub-model (physically sliced)")
+    e.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder")
+    e.add_argument("--subnet", required=True, help="sub-model spec, e.g. d0.75-w0.5-k1")
+    e.add_argument("--out", required=True, help="new checkpoint folder")
+    e.add_argument("--data-dir", help="data root for importance calibration text (optional)")
+    e.set_defaults(fn=cmd_extract)
+
+    g = sub.add_parser("generate", help="generate text from a checkpoint (optionally a sub-model)")
+    g.add_argument("--checkpoint", required=True)
+    g.add_argument("--subnet", default=None)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--speculative", action="store_true", help="MTP self-speculative decoding (greedy)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(fn=cmd_generate)
+
+    b = sub.add_parser("bench", help="benchmarks printing JSON (medians over repeats)")
+    b.add_argument("what", choices=["moe", "decode", "train"])
+    b.add_argument("--json", action="store_true", help="print JSON only")
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--tokens", type=int, default=2048, help="moe: tokens per forward")
+    b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
+    b.add_argument("--device", default="cpu", help="moe, decode: cpu (default) or cuda[:N]")
+    b.add_argument(
+        "--decoding",
+        choices=["sampled", "greedy"],
+        default=None,
+        help="decode: sample at temperature 1 with a fixed seed (default) or decode greedily",
+    )
+    b.add_argument(
+        "--peer",
+        action="store_true",
+        help="train: also time Hugging Face Mixtral at the same shape in this process (needs transformers)",
+    )
+    b.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="train: micro-batches (8 x 256 tokens each) per optimizer step (default 1, as perf-anchors.md)",
+    )
+    b.set_defaults(fn=cmd_bench)
+
+    ta = sub.add_parser(
+        "tasks", help="list the registered evaluation tasks and whether their data is present"
+    )
+    ta.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    ta.add_argument("--json", action="store_true", help="print JSON")
+    ta.set_defaults(fn=cmd_tasks)
+
+    sw = sub.add_parser("sweep", help="evaluate every (sub-model, task) unit of a suite on a checkpoint")
+    sw.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder")
+    sw.add_argument("--suite", required=True, help="suite name (smoke, nightly, full) or YAML file")
+    sw.add_argument(
+        "--out", required=True, help="run folder (units already there with a matching fingerprint are kept)"
+    )
+    sw.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    sw.add_argument("--limit", type=int, help="cap the examples of every task")
+    sw.add_argument(
+        "--resume", action="store_true", help="continue a run folder (same as running into it again)"
+    )
+    sw.add_argument("--cache", help="response cache file (default: RUN_DIR/cache.sqlite)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.set_defaults(fn=cmd_sweep)
+
+    le = sub.add_parser(
+        "lm-eval",
+        add_help=False,
+        help="run any lm-eval task on a sub-model: ernie5 lm-eval --model ernie5 --model_args "
+        "checkpoint=CKPT,subnet=k1 --tasks T [--include_path DIR] [--output_path OUT] (lm-eval's arguments)",
+    )
+    le.add_argument("lm_eval_args", nargs=argparse.REMAINDER)
+    le.set_defaults(fn=cmd_lm_eval)
+
+    r = sub.add_parser("report", help="HTML report, Markdown summary and CSV/JSON tables of a sweep run")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="sweep run folder (manifest.json, units/, ...)")
+    r.add_argument("--out", default=None, help="report folder (default: RUN_DIR/report)")
+    r.set_defaults(fn=cmd_report)
+
+    c = sub.add_parser("compare", help="paired per-(subnet, task) comparison of two sweep runs")
+    c.add_argument("base_run", metavar="BASE_RUN", help="baseline run folder (e.g. last night's)")
+    c.add_argument("new_run", metavar="NEW_RUN", help="run folder under test")
+    c.add_argument("--out", default=None, help="output folder (default: NEW_RUN/report/compare-<BASE name>)")
+    c.add_argument(
+        "--fail-on-regression", action="store_true", help="exit 1 on any significant regression (CI gate)"
+    )
+    c.set_defaults(fn=cmd_compare)
+
+    n = sub.add_parser("nightly", help="the main job: train or reuse a model, sweep the nightly suite")
+    n.add_argument("--checkpoint", help="evaluate this checkpoint instead of training one")
+    n.add_argument("--suite", default="nightly", help="suite name or YAML file")
+    n.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    n.add_argument("--out", default=None, help="run folder (default: runs/nightly-<date>)")
+    n.add_argument("--baseline", help="an earlier run folder to compare against")
+    n.add_argument("--quiet", action="store_true")
+    n.set_defaults(fn=cmd_nightly)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from ernie5.kernels import mode as kernels_mode
+    from ernie5.runtime.allocator import tune_allocator
+
+    tune_allocator()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        kernels_mode()
+    except ValueError as e:
+        print(f"ernie5: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if argv[:1] == ["lm-eval"]:  # forward verbatim: argparse's REMAINDER rejects a leading --option
+        args = argparse.Namespace(command="lm-eval", fn=cmd_lm_eval, lm_eval_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except _user_errors() as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"ernie5 {args.command}: error: {msg}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"ernie5 {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`ernie5 params --json | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())

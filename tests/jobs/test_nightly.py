@@ -1,0 +1,127 @@
+"""The main job: ``ernie5 nightly`` on a given checkpoint (fast) and from scratch (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.cli import main
+from tests.conftest import cli_env
+
+
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("nightly") / "train"
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                "micro",
+                "--out",
+                str(run),
+                "--quiet",
+                "--set",
+                "train.steps=10",
+                "--set",
+                "data.tokenizer_chars=20000",
+            ]
+        )
+        == 0
+    )
+    return run
+
+
+def test_nightly_on_a_checkpoint_writes_sweep_and_report(micro_run, tmp_path, capsys):
+    out = tmp_path / "night"
+    assert (
+        main(["nightly", "--checkpoint", str(micro_run), "--suite", "smoke", "--out", str(out), "--quiet"])
+        == 0
+    )
+    summary = json.loads((out / "nightly.json").read_text())
+    assert summary["units"] == 12 and summary["errors"] == 0
+    assert (out / "results.csv").is_file() and (out / "manifest.json").is_file()
+    assert (out / "report" / "index.html").is_file() and (out / "report" / "summary.md").is_file()
+    # a second night against the first as baseline: no change, comparison written
+    out2 = tmp_path / "night2"
+    assert (
+        main(
+            [
+                "nightly",
+                "--checkpoint",
+                str(micro_run),
+                "--suite",
+                "smoke",
+                "--out",
+                str(out2),
+                "--quiet",
+                "--baseline",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    second = json.loads((out2 / "nightly.json").read_text())
+    assert second["regression"] is False and Path(second["comparison"]).is_dir()
+
+
+def test_nightly_bad_input(tmp_path, capsys):
+    assert main(["nightly", "--checkpoint", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert main(["nightly", "--suite", "no-such-suite", "--checkpoint", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "unknown suite" in err
+
+
+@pytest.mark.slow
+def test_nightly_from_scratch_on_a_fresh_machine_within_10_minutes(tmp_path):
+    """No arguments, no data root, empty cache: trains the mini model, sweeps, reports."""
+    env = cli_env(HOME=str(tmp_path / "home"), ERNIE5_CACHE_DIR=str(tmp_path / "cache"))
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "nightly", "--quiet"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    elapsed = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = list((tmp_path / "runs").glob("nightly-*"))
+    assert len(runs) == 1
+    summary = json.loads((runs[0] / "nightly.json").read_text())
+    assert summary["errors"] == 0 and summary["computed"] > 0
+    assert (runs[0] / "report" / "index.html").is_file()
+    assert elapsed < 600, f"nightly took {elapsed:.0f}s"
+
+
+def test_cached_side_model_is_trained_once_and_complete_or_absent(tmp_path, monkeypatch):
+    from jobs.nightly import _cached_folder, _train_once
+
+    monkeypatch.setenv("ERNIE5_CACHE_DIR", str(tmp_path))
+    out = _cached_folder("codecs", "audio", ["cfg", True])
+    assert out.parent == tmp_path / "codecs" and out == _cached_folder("codecs", "audio", ["cfg", True])
+    assert out != _cached_folder("codecs", "audio", ["cfg", False])
+    calls = []
+
+    def crash(tmp):
+        (tmp / "codec").mkdir(parents=True)
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        _train_once(out, "codec", "audio codec", True, crash)
+    assert not out.exists()
+
+    def train(tmp):
+        calls.append(tmp)
+        (tmp / "codec").mkdir(parents=True)
+        (tmp / "codec" / "meta.json").write_text("{}")
+
+    assert _train_once(out, "codec", "audio codec", True, train) == out / "codec"
+    assert _train_once(out, "codec", "audio codec", True, train) == out / "codec"
+    assert len(calls) == 1 and (out / "codec" / "meta.json").is_file()

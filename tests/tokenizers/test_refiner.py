@@ -1,0 +1,286 @@
+"""Cascaded diffusion refiner: UNet and sampler shapes, determinism, persistence, and that it learns."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from ernie5.config import ConfigError, dump, from_dict, load
+from ernie5.metrics import psnr
+from ernie5.tokenizers.refiner import Refiner, RefinerConfig, RefinerError, to_pixels, upsample_uint8
+from train.refiner import RefinerTrainConfig, degrade, lr_at, render_pairs, train_refiner
+
+TINY = RefinerConfig(low_size=16, channels=(16, 32), n_res_blocks=1, time_dim=32, sample_steps=4)
+"""16 px -> 32 px; the UNet runs at 16x16 and 8x8 (patch 2)."""
+
+
+def _pairs(n: int, seed: int = 0, cfg: RefinerConfig = TINY) -> tuple[np.ndarray, np.ndarray]:
+    return render_pairs(n, random.Random(seed), cfg.low_size, cfg.scale)
+
+
+def _fit(refiner: Refiner, low: np.ndarray, high: np.ndarray, steps: int, lr: float = 3e-3) -> list[float]:
+    """Plain AdamW on a fixed batch of pairs; returns the losses."""
+    opt = torch.optim.AdamW(refiner.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(0)
+    low_BCHW, high_BCHW = to_pixels(low), to_pixels(high)
+    losses = []
+    for _ in range(steps):
+        loss = refiner.loss(low_BCHW, high_BCHW, generator=generator)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.fixture(scope="module")
+def tiny_refiner() -> Refiner:
+    """A tiny refiner with randomised output layer (a zero-initialised one would make every test trivial)."""
+    torch.manual_seed(0)
+    refiner = Refiner(TINY)
+    with torch.no_grad():
+        for p in refiner.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return refiner
+
+
+# ---------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"scale": 1}, "scale=1"),
+        ({"channels": ()}, "channels"),
+        ({"channels": (12, 32)}, "norm_groups"),
+        ({"low_size": 5}, "divisible"),
+        ({"patch_size": 0}, "patch_size"),
+        ({"residual_scale": 0.0}, "residual_scale"),
+        ({"sample_noise_aug": 0.5}, "sample_noise_aug"),
+        ({"loss_t_min": 1.0}, "loss_t_min"),
+        ({"noise_aug_prob": 1.5}, "noise_aug_prob"),
+        ({"sample_steps": 0}, "sample_steps"),
+        ({"t_sampling": "cosine"}, "t_sampling"),
+    ],
+)
+def test_config_rejects(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        from_dict(RefinerConfig, overrides)
+
+
+def test_configs_round_trip_through_yaml(tmp_path):
+    for cfg in (RefinerConfig(), TINY, RefinerTrainConfig(refiner=TINY, eval_steps=(2, 3))):
+        path = tmp_path / "cfg.yaml"
+        path.write_text(dump(cfg))
+        assert load(type(cfg), path) == cfg
+
+
+def test_default_refiner_is_small():
+    n_params = sum(p.numel() for p in Refiner(RefinerConfig()).parameters())
+    assert n_params <= 1_000_000
+
+
+# ---------------------------------------------------------------------- shapes
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"patch_size": 1},
+        {"attention": False},
+        {"channels": (16, 32, 32), "n_res_blocks": 2},
+        {"predict_residual": False},
+        {"scale": 4, "low_size": 8},
+    ],
+)
+def test_unet_and_velocity_shapes(overrides):
+    cfg = replace(TINY, **overrides)
+    refiner = Refiner(cfg)
+    x_BCHW = torch.randn(2, 3, cfg.high_size, cfg.high_size)
+    t_B, aug_B = torch.tensor([0.3, 1.0]), torch.zeros(2)
+    assert refiner(x_BCHW, x_BCHW, t_B, aug_B).shape == x_BCHW.shape
+    assert refiner.velocity(x_BCHW, x_BCHW, t_B, aug_B).shape == x_BCHW.shape
+    low, _ = _pairs(3, cfg=cfg)
+    out = refiner.refine(low, steps=2)
+    assert out.shape == (3, cfg.high_size, cfg.high_size, 3) and out.dtype == np.uint8
+
+
+def test_refine_images_clips_and_sdedit(tiny_refiner):
+    low, _ = _pairs(3)
+    assert tiny_refiner.refine(low).shape == (3, 32, 32, 3)
+    clips = np.stack([low, low[::-1]])  # (2 clips, 3 frames, 16, 16, 3)
+    assert tiny_refiner.refine(clips, steps=2).shape == (2, 3, 32, 32, 3)
+    sdedit = tiny_refiner.refine(low, steps=3, start_t=0.5)
+    assert sdedit.shape == (3, 32, 32, 3) and sdedit.dtype == np.uint8
+
+
+@pytest.mark.parametrize(
+    "images, kwargs, message",
+    [
+        (np.zeros((2, 16, 16, 3), np.float32), {}, "uint8"),
+        (np.zeros((16, 16, 3), np.uint8), {}, "uint8"),
+        (np.zeros((2, 16, 16, 1), np.uint8), {}, "uint8"),
+        (np.zeros((2, 15, 15, 3), np.uint8), {}, "divisible"),
+        (np.zeros((2, 16, 16, 3), np.uint8), {"steps": 0}, "steps"),
+        (np.zeros((2, 16, 16, 3), np.uint8), {"start_t": 0.0}, "start_t"),
+        (np.zeros((2, 16, 16, 3), np.uint8), {"start_t": 1.5}, "start_t"),
+    ],
+)
+def test_refine_rejects(tiny_refiner, images, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_refiner.refine(images, **kwargs)
+
+
+# ---------------------------------------------------------------------- determinism
+def test_sampling_is_deterministic_for_a_seed(tiny_refiner):
+    low, _ = _pairs(4)
+    a = tiny_refiner.refine(low, seed=7)
+    assert np.array_equal(a, tiny_refiner.refine(low, seed=7))
+    assert not np.array_equal(a, tiny_refiner.refine(low, seed=8))
+    # Noise is drawn up front: the batch size does not change what an image gets (float rounding aside).
+    split = tiny_refiner.refine(low, seed=7, batch_size=1)
+    assert np.abs(split.astype(int) - a.astype(int)).max() <= 1
+    assert np.array_equal(
+        tiny_refiner.refine(low, seed=7, start_t=0.4), tiny_refiner.refine(low, seed=7, start_t=0.4)
+    )
+
+
+def test_frames_of_a_clip_share_noise(tiny_refiner):
+    low, _ = _pairs(1)
+    clip = np.repeat(low[:, None], 3, axis=1)  # a static clip
+    out = tiny_refiner.refine(clip, steps=2)
+    assert np.array_equal(out[0, 0], out[0, 1]) and np.array_equal(out[0, 0], out[0, 2])
+
+
+def test_training_mode_is_restored(tiny_refiner):
+    tiny_refiner.train()
+    tiny_refiner.refine(_pairs(1)[0], steps=1)
+    assert tiny_refiner.training
+
+
+# ---------------------------------------------------------------------- persistence
+def test_save_load_round_trip(tiny_refiner, tmp_path):
+    low, _ = _pairs(3)
+    path = tiny_refiner.save(tmp_path / "refiner", meta={"note": "x"})
+    loaded = Refiner.load(path)
+    assert loaded.cfg == tiny_refiner.cfg
+    assert np.array_equal(loaded.refine(low, seed=3), tiny_refiner.refine(low, seed=3))
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["note"] == "x" and meta["n_params"] == sum(p.numel() for p in tiny_refiner.parameters())
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def _corrupt_weights(path):
+    (path / "refiner.safetensors").write_bytes(b"not safetensors")
+
+
+def _bad_version(path):
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "version": "other/0"}))
+
+
+def _other_config(path):
+    (path / "config.yaml").write_text(dump(replace(TINY, channels=(16, 48))))
+
+
+def _unknown_key(path):
+    (path / "config.yaml").write_text(dump(TINY) + "bogus: 1\n")
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda p: (p / "meta.json").unlink(), "missing meta.json"),
+        (lambda p: (p / "refiner.safetensors").unlink(), "missing refiner.safetensors"),
+        (lambda p: (p / "meta.json").write_text("{"), "unreadable JSON"),
+        (_bad_version, "version 'other/0'"),
+        (_unknown_key, "unknown key 'bogus'"),
+        (_corrupt_weights, "unreadable"),
+        (_other_config, "does not match config.yaml|has shape"),
+    ],
+)
+def test_load_errors_are_one_line(tiny_refiner, tmp_path, corrupt, message):
+    path = tiny_refiner.save(tmp_path / "refiner")
+    corrupt(path)
+    with pytest.raises(RefinerError, match=message) as info:
+        Refiner.load(path)
+    assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------- learning
+def test_loss_falls_on_a_handful_of_pairs():
+    torch.manual_seed(0)
+    low, high = _pairs(4)
+    losses = _fit(Refiner(TINY), low, high, steps=60)
+    assert np.mean(losses[-10:]) < 0.7 * np.mean(losses[:10])
+
+
+def test_the_refiner_improves_psnr_when_overfitting():
+    torch.manual_seed(0)
+    low, high = _pairs(8, seed=1)
+    refiner = Refiner(TINY)
+    _fit(refiner, low, high, steps=300)
+    bicubic = psnr(high, upsample_uint8(low, TINY.scale))
+    refined = psnr(high, refiner.refine(low, steps=TINY.sample_steps))
+    assert refined > bicubic + 1.0, (refined, bicubic)
+
+
+# ---------------------------------------------------------------------- training pipeline
+def test_degrade_is_seeded_and_keeps_shape():
+    cfg = RefinerTrainConfig(p_blur=0.5, p_noise=0.5, p_jpeg=0.5)
+    low, _ = _pairs(6)
+    a = degrade(low, random.Random(3), cfg, None)
+    assert a.shape == low.shape and a.dtype == np.uint8
+    assert np.array_equal(a, degrade(low, random.Random(3), cfg, None))
+    assert not np.array_equal(a, low)
+    off = RefinerTrainConfig(p_tokenizer=0.0, p_blur=0.0, p_noise=0.0, p_jpeg=0.0)
+    assert np.array_equal(degrade(low, random.Random(3), off, None), low)
+
+
+@pytest.mark.parametrize(
+    "step, progress, expected",
+    [
+        (0, 0.0, 2e-3 / 50),
+        (49, 0.0, 2e-3),
+        (50, 0.0, 2e-3),
+        (60, 0.5, 2e-3 * (0.05 + 0.95 * 0.5)),
+        (99, 1.0, 1e-4),
+    ],
+)
+def test_lr_schedule(step, progress, expected):
+    assert lr_at(step, RefinerTrainConfig(), progress) == pytest.approx(expected)
+
+
+def test_train_refiner_writes_its_folder(tmp_path):
+    cfg = RefinerTrainConfig(
+        refiner=replace(TINY, sample_steps=2),
+        steps=3,
+        batch_size=4,
+        eval_images=4,
+        eval_steps=(1,),
+        log_every=1,
+    )
+    # An empty data root: shapes only, whatever $ERNIE5_DATA_DIR says.
+    summary = train_refiner(cfg, tmp_path / "run", data_dir=tmp_path / "no-data")
+    names = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"config.yaml", "meta.json", "metrics.jsonl", "refiner", "summary.json"} <= names
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+    assert summary["steps"] == 3 and set(summary["eval"]) == {"shapes"}
+    row = summary["eval"]["shapes"]
+    assert {"bicubic", "steps_1", "steps_2", "sdedit_t0.5_steps_10"} <= set(row)
+    assert row["steps_2"]["psnr_gain"] == pytest.approx(
+        row["steps_2"]["psnr"] - row["bicubic"]["psnr"], abs=2e-3
+    )
+    assert summary["psnr_gain"] == row["steps_2"]["psnr_gain"]
+    Refiner.load(tmp_path / "run" / "refiner")
+
+
+@pytest.mark.slow
+def test_train_refiner_beats_bicubic_in_a_minute(tmp_path):
+    summary = train_refiner(
+        RefinerTrainConfig(eval_images=32, eval_steps=(4,)), tmp_path / "run", time_budget_s=60
+    )
+    assert summary["stopped_early_at_step"] > 0
+    assert summary["eval"]["shapes"]["steps_4"]["psnr_gain"] > 0
