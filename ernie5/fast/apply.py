@@ -47,9 +47,13 @@ _FAST = {
 
 
 def _swap(module: nn.Module, cls: type[nn.Module]) -> None:
+    """Make ``module`` a ``cls`` (a subclass of its class that adds no state)."""
     if type(module) is not cls:
         if not issubclass(cls, type(module)):
-            raise TypeError(f"cannot make a {type(module).__name__} a {cls.__name__}")
+            raise TypeError(
+                f"apply_fast_paths: {type(module).__name__} is not one of the model's own classes "
+                f"({cls.__name__} cannot take its place); run it eager (load_checkpoint(..., fast=False))"
+            )
         module.__class__ = cls
 
 

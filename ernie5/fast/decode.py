@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_hooks
 
+from ernie5.fast.moe import FastMoE
 from ernie5.kernels import kernels, ops
 from ernie5.model.attention import LayerContext
 from ernie5.model.block import Block
@@ -99,9 +101,35 @@ def _fused_plan(block: Block) -> tuple[list, tuple]:
 
 
 class FastBlock(Block):
-    """The model's block, whose decoding steps run as one ``decode_layer`` kernel call."""
+    """The model's block, whose decoding steps run as one ``decode_layer`` kernel call.
+
+    A fused step of a block without hooks is taken straight from ``__call__``: the module call
+    machinery (hook checks, two more Python frames) costs a noticeable share of a small model's
+    decoding step. With hooks registered, the call goes through ``nn.Module.__call__`` as usual and
+    :meth:`forward` takes the same fused step, so hooks see it.
+    """
 
     _plan: tuple | None = None
+
+    def __call__(self, x_BTD, ctx, layer, top_k=None, expert_mask_E=None):
+        if ctx.__class__ is StepContext and ctx.fused_decode and not self._hooked():
+            step = self._decode_step(x_BTD, ctx, layer, top_k, expert_mask_E)
+            if step is not None:
+                return step
+        return super().__call__(x_BTD, ctx, layer, top_k, expert_mask_E)
+
+    def _hooked(self) -> bool:
+        """The hook test of ``nn.Module._call_impl``: whether a call must go through it."""
+        return bool(
+            self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+            or module_hooks._global_forward_hooks
+            or module_hooks._global_forward_pre_hooks
+            or module_hooks._global_backward_hooks
+            or module_hooks._global_backward_pre_hooks
+        )
 
     def forward(self, x_BTD, ctx, layer, top_k=None, expert_mask_E=None):  # noqa: D102
         if isinstance(ctx, StepContext) and ctx.fused_decode:
@@ -124,8 +152,8 @@ class FastBlock(Block):
         if moe:
             k = top_k or ffn.cfg.top_k
             x_ND = x_BTD.view(-1, x_BTD.shape[-1])
-            if getattr(ffn, "expert_path", None) is None or ffn.expert_path(x_ND, k, x_BTD.dtype) != "gather":
-                return None
+            if type(ffn) is not FastMoE or ffn.expert_path(x_ND, k, x_BTD.dtype) != "gather":
+                return None  # the module path would not take the gather path this step
         else:
             k = 1
         weights = self._weights(x_BTD.dtype)

@@ -233,3 +233,25 @@ def test_fused_layers_follow_the_parameters(monkeypatch, counting):
     _module_path(monkeypatch)
     torch.manual_seed(3)
     assert torch.equal(fused, _one_step(m))
+
+
+def test_hooks_see_fused_steps(counting):
+    """A block with a hook takes the fused step through ``nn.Module.__call__``: the hook fires with
+    the fused output, and the result equals the hook-free shortcut's."""
+    torch.manual_seed(0)
+    cfg = _config()
+    m = _fast(Ernie5Model(cfg).eval())
+    sub = resolve("full", cfg)
+    prompt, doc = torch.randint(0, 64, (1, 5)), torch.zeros(1, 5, dtype=torch.long)
+    steps = [torch.randint(0, 64, (1, 1)) for _ in range(2)]
+    plain = _steps(m, sub, prompt, doc, steps)
+    calls_plain = counting.calls
+    seen = []
+    handle = m.layers[1].register_forward_hook(lambda mod, args, out: seen.append(out[0].clone()))
+    try:
+        hooked = _steps(m, sub, prompt, doc, steps)
+    finally:
+        handle.remove()
+    assert counting.calls == 2 * calls_plain  # still fused, with the hook on
+    assert len(seen) == 1 + len(steps)  # the prefill and every decoding step
+    _assert_same(hooked, plain)
