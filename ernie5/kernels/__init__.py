@@ -24,9 +24,10 @@ Nothing here knows the model: :mod:`ernie5.fast` applies these kernels to it, an
 measures what they buy.
 
 The extension is built with ``torch.utils.cpp_extension`` the first time a process needs it
-(about 30 s on 2 cores, then cached in ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``,
-under a name keyed by the source, torch, the CPU and the compiler flags, since it is built with
-``-march=native``).
+(about a minute on 2 cores, then cached in ``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``, under a name keyed by the source, torch, the CPU, the compiler flags
+(it is built with ``-march=native``) and the checkout's path). One process builds at a time, and a
+build killed half-way does not block the next one (:func:`_one_builder`).
 It needs a C++ compiler (ninja comes with the package). Where the build fails, :func:`kernels`
 returns ``None`` and every caller runs its eager PyTorch code, which computes the same function
 and is the reference the parity tests compare against.
@@ -38,12 +39,14 @@ and is the reference the parity tests compare against.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import platform
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -60,6 +63,10 @@ _SOURCES = [
 _HEADERS = [Path(__file__).with_name("cpu_common.h")]
 FAILED_MARKER = "build_failed.txt"
 """Written into the build folder when a build fails, so later processes fall back at once."""
+BUILD_FLOCK = "ernie5-build.flock"
+"""The file :func:`_one_builder` flocks."""
+TORCH_LOCK = "lock"
+"""The lock file ``torch.utils.cpp_extension`` creates in the build folder during a build."""
 _STATE: dict[str, object] = {}
 
 
@@ -86,7 +93,9 @@ def mode() -> str:
 
 
 def _build_name() -> str:
-    """Extension name keyed by the source, torch and the CPU (the build uses -march=native)."""
+    """Extension name keyed by the source, torch, the CPU (the build uses -march=native) and where
+    the sources live: two checkouts on one machine get a build each, instead of rebuilding one
+    shared build in turn (ninja sees other source paths and starts over)."""
     cpu = platform.processor() or platform.machine()
     try:
         flags = next(
@@ -98,7 +107,8 @@ def _build_name() -> str:
 
     build = " ".join(_cflags())
     code = b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)
-    key = hashlib.sha1(code + f"{torch.__version__}|{cpu}|{flags}|{build}".encode()).hexdigest()[:12]
+    where = str(Path(__file__).resolve().parent)
+    key = hashlib.sha1(code + f"{torch.__version__}|{cpu}|{flags}|{build}|{where}".encode()).hexdigest()[:12]
     return f"ernie5_cpu_kernels_{key}"
 
 
@@ -127,6 +137,29 @@ def _prefer_package_ninja() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
 
 
+@contextlib.contextmanager
+def _one_builder(build_dir: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the build folder while building or loading.
+
+    ``torch.utils.cpp_extension`` guards a build with a ``lock`` file that a killed build (Ctrl-C,
+    ``kill -9`` during the first, slow build) leaves behind, and every later process then waits on
+    it forever, silently. A ``flock`` is released by the kernel when its holder dies, so while this
+    process holds it no other process is building here, and a ``lock`` file found then is stale:
+    it is removed. A second process waits for the first, and says so."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / BUILD_FLOCK, "a+b") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("ernie5: waiting for another process building the fused CPU kernels", file=sys.stderr)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            (build_dir / TORCH_LOCK).unlink(missing_ok=True)  # no live builder holds it: stale
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _build() -> ModuleType:
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise RuntimeError("no C++ compiler (c++) on PATH")
@@ -139,21 +172,24 @@ def _build() -> ModuleType:
     if failed.exists():  # this source already failed to build here: don't pay for it in every process
         reason = failed.read_text(encoding="utf-8").strip()
         raise RuntimeError(f"an earlier build failed ({reason}); delete {failed} to retry")
-    if not any(build_dir.glob("*.so")):  # the slow first build, rather than a load from the cache
-        print("ernie5: building the fused CPU kernels (once per machine, about 30 s)", file=sys.stderr)
-    try:
-        return cpp_extension.load(
-            name=name,
-            sources=[str(p) for p in _SOURCES],
-            build_directory=str(build_dir),
-            extra_cflags=_cflags(),
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as exc:
-        with contextlib.suppress(OSError):
-            failed.write_text(_why(exc) + "\n", encoding="utf-8")
-        raise
+    with _one_builder(build_dir):
+        if not any(build_dir.glob("*.so")):  # the slow first build, rather than a load from the cache
+            print(
+                "ernie5: building the fused CPU kernels (once per checkout, about a minute)", file=sys.stderr
+            )
+        try:
+            return cpp_extension.load(
+                name=name,
+                sources=[str(p) for p in _SOURCES],
+                build_directory=str(build_dir),
+                extra_cflags=_cflags(),
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+        except Exception as exc:
+            with contextlib.suppress(OSError):
+                failed.write_text(_why(exc) + "\n", encoding="utf-8")
+            raise
 
 
 def _why(exc: BaseException) -> str:

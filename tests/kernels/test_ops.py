@@ -450,6 +450,89 @@ def test_a_first_build_says_so_and_a_cached_one_does_not(monkeypatch, capsys, tm
     assert capsys.readouterr().err == ""
 
 
+def _waits_like_torch(build_dir):
+    """A stand-in for ``cpp_extension.load`` that waits on its ``lock`` file as torch's FileBaton
+    does (with a deadline here, so a failure is a failure, not a hang)."""
+
+    def load(**kw):
+        import time
+
+        deadline = time.monotonic() + 5
+        while (build_dir / kernels_pkg.TORCH_LOCK).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("waited on a stale lock")
+            time.sleep(0.05)
+        return "module"
+
+    return load
+
+
+def test_a_build_killed_half_way_does_not_block_the_next(monkeypatch, tmp_path):
+    """A ``lock`` left by a killed build is removed once this process holds the build flock."""
+    from torch.utils import cpp_extension
+
+    (tmp_path / kernels_pkg.TORCH_LOCK).write_text("")  # what a kill -9 during a build leaves
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", _waits_like_torch(tmp_path))
+    assert kernels_pkg._build() == "module"
+    assert not (tmp_path / kernels_pkg.TORCH_LOCK).exists()
+
+
+def _hold_build_flock(path: str, ready, release) -> None:
+    import fcntl
+
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        ready.set()
+        release.wait(30)
+
+
+def test_a_live_build_is_waited_for_and_its_lock_left_alone(monkeypatch, tmp_path, capsys):
+    """While another process holds the build flock (it is building), this one waits and says so,
+    and does not touch that build's ``lock``."""
+    import multiprocessing as mp
+    import threading
+
+    from torch.utils import cpp_extension
+
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(
+        target=_hold_build_flock, args=(str(tmp_path / kernels_pkg.BUILD_FLOCK), ready, release)
+    )
+    holder.start()
+    try:
+        assert ready.wait(30)
+        (tmp_path / kernels_pkg.TORCH_LOCK).write_text("")  # the live build's
+        monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+        monkeypatch.setattr(cpp_extension, "load", lambda **kw: "module")
+        result = []
+        t = threading.Thread(target=lambda: result.append(kernels_pkg._build()))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and (tmp_path / kernels_pkg.TORCH_LOCK).exists()  # waiting, lock untouched
+        release.set()
+        t.join(30)
+        assert result == ["module"]
+    finally:
+        release.set()
+        holder.join(30)
+    assert "waiting for another process building" in capsys.readouterr().err
+
+
+def test_two_checkouts_get_a_build_each(monkeypatch, tmp_path):
+    """The build name depends on where the sources live, not only on what they say."""
+    here = kernels_pkg._build_name()
+    moved = tmp_path / "ernie5" / "kernels"
+    moved.mkdir(parents=True)
+    for src in kernels_pkg._SOURCES + kernels_pkg._HEADERS:
+        (moved / src.name).write_bytes(src.read_bytes())
+    monkeypatch.setattr(kernels_pkg, "__file__", str(moved / "__init__.py"))
+    monkeypatch.setattr(kernels_pkg, "_SOURCES", [moved / p.name for p in kernels_pkg._SOURCES])
+    monkeypatch.setattr(kernels_pkg, "_HEADERS", [moved / p.name for p in kernels_pkg._HEADERS])
+    assert kernels_pkg._build_name() != here
+
+
 @pytest.mark.skipif(__import__("shutil").which("c++") is None, reason="no C++ compiler")
 def test_a_failed_build_is_not_retried_by_every_process(monkeypatch, tmp_path):
     from torch.utils import cpp_extension
