@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -78,3 +79,14 @@ def accelerate_prefix(n_processes: int = 2) -> list[str]:
         "--dynamo_backend",
         "no",
     ]
+
+
+def without_manifest(path) -> None:
+    """Drop the sha256 manifest from a side-model folder's ``meta.json`` (as in a folder saved before
+    manifests), so that the checks behind the manifest are reached."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(meta, dict) and meta.pop("files", None) is not None:
+        (path / "meta.json").write_text(json.dumps(meta))

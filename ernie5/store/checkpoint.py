@@ -43,6 +43,7 @@ from torch import nn
 
 from ernie5.config import ConfigError, dump, from_dict, read_yaml
 from ernie5.fast import apply_fast_paths
+from ernie5.files import file_sha256, fsync_path
 from ernie5.model.config import ModelConfig
 from ernie5.model.model import Ernie5Model
 from ernie5.model.rope import inv_frequencies
@@ -72,7 +73,6 @@ RESERVED_FILES = (
     *AUDIO_CODEC_FILES,
 )
 _STEP_DIR = re.compile(r"step_(\d+)")
-_CHUNK = 1 << 20
 
 
 class CheckpointError(ValueError):
@@ -99,23 +99,6 @@ class Checkpoint:
 
 
 # ---------------------------------------------------------------------- files
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_bytes(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -127,7 +110,7 @@ def _write_tensors(
     path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, path, metadata=metadata)
-    _fsync(path)
+    fsync_path(path)
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -367,7 +350,7 @@ def _publish(tmp: Path, path: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
     os.replace(tmp, path)
-    _fsync(path.parent)
+    fsync_path(path.parent)
     if old is not None:
         shutil.rmtree(old)
 
@@ -467,7 +450,7 @@ def save_checkpoint(
         # meta.json last: its presence (with the manifest) is what makes a checkpoint complete.
         text = json.dumps({**meta, "format": FORMAT, "files": files}, indent=2, sort_keys=True)
         _write_bytes(tmp / META_FILE, text.encode())
-        _fsync(tmp)
+        fsync_path(tmp)
         _publish(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

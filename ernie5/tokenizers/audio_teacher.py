@@ -19,7 +19,12 @@ Two teachers:
   (:meth:`MFCCKMeansTeacher.save` / :func:`load_teacher`).
 * :class:`WhisperTeacher` (optional; needs ``transformers`` and Whisper weights): the output of a Whisper
   encoder on the waveform resampled to 16 kHz (50 Hz frames), pooled to the codec frame rate; loss
-  ``1 - cos(head(level1), feature)`` averaged over frames, as in the ERNIE 5.0 report.
+  ``1 - cos(head(level1), feature)`` averaged over frames, as in the ERNIE 5.0 report. Its weights are
+  loaded from safetensors only: the source is read from a side model's ``teacher.json``, and pickled
+  weights would run code on load.
+
+A saved teacher is a side-model folder (:mod:`ernie5.tokenizers.folder`): ``teacher.json`` carries the
+sha256 manifest of the state file and is written last; the folder is published atomically.
 
 References:
   * ERNIE 5.0 report, arXiv 2602.04705, section 2.3.1: level 1 distilled from a Whisper encoder whose
@@ -43,19 +48,19 @@ Deviations:
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ernie5.tokenizers.audio_features import deltas, mfcc
 from ernie5.tokenizers.audio_quant import kmeans, nearest
-from ernie5.tokenizers.folder import write_folder_atomic
+from ernie5.tokenizers.folder import read_index, verify_files, write_folder_atomic
 
 TEACHER_FILE = "teacher.json"
 STATE_FILE = "teacher.safetensors"
@@ -101,12 +106,14 @@ def pool_to_frames(feats_BTD: Tensor, n_frames: int) -> Tensor:
 
 
 def _write_folder(path: Path, body: dict[str, Any], tensors: dict[str, Tensor] | None) -> Path:
+    """The folder ``path``: ``teacher.json`` (``body`` + the sha256 manifest, written last) and the state
+    tensors, published atomically (:func:`~ernie5.tokenizers.folder.write_folder_atomic`)."""
+
     def write(tmp: Path) -> None:
         if tensors:
             save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp / STATE_FILE)
-        (tmp / TEACHER_FILE).write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
 
-    return write_folder_atomic(path, write)
+    return write_folder_atomic(path, write, body, index_file=TEACHER_FILE)
 
 
 # ---------------------------------------------------------------------- MFCC k-means
@@ -266,9 +273,24 @@ class WhisperTeacher:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, layer: int = -1) -> WhisperTeacher:
-        """The encoder of ``transformers.WhisperModel.from_pretrained(name_or_path)``."""
+        """The encoder of ``transformers.WhisperModel.from_pretrained(name_or_path, use_safetensors=True)``.
+
+        Only safetensors weights are loaded: ``name_or_path`` may come from a side model's
+        ``teacher.json``, and a pickled ``pytorch_model.bin`` can run code when loaded.
+
+        Raises:
+            ValueError: one line naming ``name_or_path`` when it has no loadable safetensors weights
+                (no such folder or model, or only pickled weights).
+        """
         transformers = _import_transformers()
-        model = transformers.WhisperModel.from_pretrained(name_or_path)
+        try:
+            model = transformers.WhisperModel.from_pretrained(name_or_path, use_safetensors=True)
+        except (OSError, ValueError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(
+                f"WhisperTeacher: {name_or_path!r} has no loadable safetensors weights ({reason}); "
+                "only safetensors are loaded (pickled .bin weights can run code)"
+            ) from None
         return cls(model.get_encoder(), source=name_or_path, layer=layer)
 
     @classmethod
@@ -330,20 +352,30 @@ class WhisperTeacher:
 
 # ---------------------------------------------------------------------- factory
 def load_teacher(path: str | Path) -> SemanticTeacher:
-    """A teacher saved by ``save``; a Whisper teacher is rebuilt from its recorded ``source``."""
+    """A teacher saved by ``save``; a Whisper teacher is rebuilt from its recorded ``source``
+    (safetensors only).
+
+    The state file is checked against the sha256 manifest in ``teacher.json`` (a folder saved before
+    manifests, without ``files``, loads unchecked).
+
+    Raises:
+        ValueError: one line naming the file (or Whisper source) and what is wrong with it.
+    """
     path = Path(path)
-    try:
-        body = json.loads((path / TEACHER_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path / TEACHER_FILE}: not a saved teacher ({e})") from None
-    if not isinstance(body, dict) or body.get("version") != TEACHER_VERSION:
+    body = read_index(path, TEACHER_FILE, ValueError, "teacher")
+    if body.get("version") != TEACHER_VERSION:
         raise ValueError(
             f"{path / TEACHER_FILE}: version {body.get('version')!r}, expected {TEACHER_VERSION!r}"
         )
+    has_state = (path / STATE_FILE).is_file()
+    verify_files(path, body, TEACHER_FILE, [STATE_FILE] if has_state else [], ValueError)
     if body.get("kind") == MFCCKMeansTeacher.kind:
         teacher = MFCCKMeansTeacher(body["n_clusters"], body["n_mfcc"], body["n_mels"])
-        if (path / STATE_FILE).is_file():
-            state = load_file(path / STATE_FILE)
+        if has_state:
+            try:
+                state = load_file(path / STATE_FILE)
+            except (SafetensorError, OSError) as e:
+                raise ValueError(f"{path / STATE_FILE}: unreadable ({str(e).splitlines()[0]})") from None
             teacher.mean_D, teacher.std_D, teacher.centroids_KD = (
                 state["mean"],
                 state["std"],
