@@ -135,7 +135,8 @@ class TrainConfig:
     """The loop."""
 
     steps: int = 1000
-    """Optimizer steps."""
+    """Optimizer steps. The one field that may change on ``--resume``, and only grow (extending a run
+    moves the schedules' decay to the new end: see :mod:`train.loop` and :mod:`train.schedule`)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
     seed: int = 0

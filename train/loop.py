@@ -14,6 +14,19 @@ sub-model sampling are pure functions of ``(seed, step)``, so a resumed run repr
 of an uninterrupted one. A run folder's newest *complete* checkpoint is the resume point (an
 interrupted checkpoint write is never complete), and ``metrics.jsonl`` is cut back to it.
 
+Extending a run: ``--resume`` needs the run's own config, except that ``train.steps`` may grow (a
+smaller value is a :class:`RunError`). The schedules (``train.schedule.lr_at``, and ``staged`` for the
+MTP weight and the router-bias speed) are functions of ``(step, train.steps)``: the steps before the
+resume point keep the values they were trained with, and from the resume point on they are
+re-evaluated over the new total, so an extended run is not the run it would have been with the larger
+``train.steps`` from the start. With ``wsd`` the decay moves to the end of the new total: a run resumed
+after its decay began goes back up to the peak learning rate until the new decay starts (extend from
+a checkpoint taken before the decay to avoid that); ``cosine`` jumps to the point of the longer curve.
+An extension is recorded in ``meta.json`` (``extensions``: one ``{at_step, from_steps, to_steps}``
+per extension, kept across later resumes) and as a note in ``metrics.jsonl``
+(``{"step": at_step, "event": "extended", "from_steps": ..., "to_steps": ...}``; records with an
+``event`` key are notes, not measurements), and ``config.yaml`` then holds the new ``train.steps``.
+
 Data parallel: under ``accelerate launch --multi_gpu --num_processes N`` (torchrun; on a CPU-only
 machine the processes form a gloo group), micro-batch ``a`` of process ``r`` is global micro-batch
 ``a * N + r``, with its own data and sub-model, so N processes reproduce one process accumulating
@@ -23,9 +36,11 @@ also covers parameters a sub-model did not use (their gradient is zero).
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -107,6 +122,8 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         self.data_dir = resolve_data_dir(data_dir or cfg.data.data_dir or None)
         self.start_step = 0
+        self.extended_from: int | None = None
+        """The stored ``train.steps`` when this resume extends the run (see the module docstring)."""
         self.resume_dir = self._prepare_run_dir(resume)
 
     # ---------------------------------------------------------------- setup
@@ -123,9 +140,20 @@ class Trainer:
                 stored = from_dict(RunConfig, read_yaml(cfg_path))
             except ConfigError as e:
                 raise RunError(f"{cfg_path}: {e}") from None
-            if to_dict(stored) != to_dict(self.cfg):
-                diff = _first_difference(to_dict(stored), to_dict(self.cfg))
-                raise RunError(f"--resume with a different config than {cfg_path} ({diff})")
+            old_steps, steps = stored.train.steps, self.cfg.train.steps
+            same_steps = replace(stored, train=replace(stored.train, steps=steps))
+            if to_dict(same_steps) != to_dict(self.cfg):
+                diff = _first_difference(to_dict(same_steps), to_dict(self.cfg))
+                raise RunError(
+                    f"--resume with a different config than {cfg_path} ({diff}); only train.steps may grow"
+                )
+            if steps < old_steps:
+                raise RunError(
+                    f"--resume with train.steps={steps} < {old_steps} of {cfg_path}: "
+                    "a run can be extended, not shortened"
+                )
+            if steps > old_steps:
+                self.extended_from = old_steps
         return ckpts[-1] if (resume and ckpts) else None
 
     def _setup(self) -> None:
@@ -179,6 +207,7 @@ class Trainer:
         )
         if self.dist.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            extensions = self._extensions()
             write_atomic(self.run_dir / "config.yaml", dump(self.cfg))
             meta = provenance(self.cfg.train.seed)
             meta.update(
@@ -189,12 +218,33 @@ class Trainer:
                     "data_sources_skipped": self.sources.skipped,
                     "resumed_from": str(self.resume_dir) if self.resume_dir else None,
                     "peak_flops": self.peak,
+                    "extensions": extensions,
                 }
             )
             write_json(self.run_dir / "meta.json", meta)
             metrics = self.run_dir / "metrics.jsonl"
             kept = [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step]
+            if self.extended_from is not None:
+                kept.append({"step": self.start_step, "event": "extended", **extensions[-1]})
             rewrite_jsonl(metrics, kept)
+
+    def _extensions(self) -> list[dict]:
+        """``meta.json``'s record of the run's extensions: the earlier ones (those at or before the
+        resume point; the file is rewritten at every start), then this one if this resume extends."""
+        try:
+            old = json.loads((self.run_dir / "meta.json").read_text(encoding="utf-8")).get("extensions")
+        except (OSError, ValueError, AttributeError):
+            old = None
+        kept = [e for e in old or [] if isinstance(e, dict) and e.get("at_step", math.inf) <= self.start_step]
+        if self.extended_from is not None:
+            kept.append(
+                {
+                    "at_step": self.start_step,
+                    "from_steps": self.extended_from,
+                    "to_steps": self.cfg.train.steps,
+                }
+            )
+        return kept
 
     def _adopt(self, ckpt) -> None:
         """Take model, tokenizer and the frozen media models from a checkpoint (those it does not

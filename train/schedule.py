@@ -1,4 +1,12 @@
-"""Learning-rate and loss-weight schedules: pure functions of the step."""
+"""Learning-rate and loss-weight schedules: pure functions of the step and the run's ``train.steps``.
+
+Every schedule here is defined over the total ``train.steps``: the WSD decay window, the cosine's
+length and the ``stage2_frac`` switch are fractions of it. Extending a run (``--resume`` with a larger
+``train.steps``, :mod:`train.loop`) therefore re-evaluates them over the new total from the resume
+point on, while the steps already trained keep the values they had: a WSD run resumed after its decay
+began returns to the peak learning rate until the new decay window, and a cosine run continues from
+the point of the longer curve that its step falls on.
+"""
 
 from __future__ import annotations
 

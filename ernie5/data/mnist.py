@@ -158,7 +158,7 @@ def load_sklearn_digits(size: int = 32) -> tuple[np.ndarray, np.ndarray]:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise ImportError("load_sklearn_digits needs scikit-learn: pip install scikit-learn") from None
+        raise ImportError("load_sklearn_digits needs scikit-learn: pip install ernie5[digits]") from None
     bunch = load_digits()
     small = np.rint(np.asarray(bunch.images, dtype=np.float64) * (255 / 16)).clip(0, 255).astype(np.uint8)
     images = np.empty((len(small), size, size, 3), dtype=np.uint8)

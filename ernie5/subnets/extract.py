@@ -7,7 +7,9 @@ plain forward equals the parent's masked forward (a softmax over the kept router
 the masked softmax; a sigmoid score does not depend on the other experts at all).
 
 :func:`extract_checkpoint` is ``ernie5 extract``: resolve the spec against a checkpoint, slice, and
-save the child with the parent's tokenizers and a record of where it came from.
+save the child with everything the parent ships beside its weights (the text tokenizer and every side
+model: vision tokenizer, audio codec, cascaded refiner; :func:`side_models`) and a record of where it
+came from, so the child runs every task its supernet runs.
 
 References:
   * ERNIE 5.0 Technical Report (arXiv 2602.04705) §3.3 and §6.4.2 (sub-models deployed directly).
@@ -16,7 +18,7 @@ References:
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -26,7 +28,7 @@ from ernie5.model.config import ModelConfig
 from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE
-from ernie5.store.checkpoint import save_checkpoint
+from ernie5.store.checkpoint import Checkpoint, save_checkpoint
 from ernie5.subnets.params import count_params
 from ernie5.subnets.resolve import load_subnet
 
@@ -94,8 +96,21 @@ def extraction_meta(subnet: Subnet, parent_cfg: ModelConfig) -> dict:
     }
 
 
+_NOT_SIDE_MODELS = ("path", "model", "cfg", "tokenizer", "meta")
+
+
+def side_models(ckpt: Checkpoint) -> dict:
+    """The frozen models a checkpoint ships beside its weights and tokenizer (vision tokenizer,
+    refiner, audio codec, ...), by their :func:`~ernie5.store.checkpoint.save_checkpoint` keyword.
+
+    Read from :class:`~ernie5.store.checkpoint.Checkpoint`'s fields, so a side model added there is
+    carried by extraction without a change here (``save_checkpoint`` must accept it by that name)."""
+    return {f.name: getattr(ckpt, f.name) for f in fields(Checkpoint) if f.name not in _NOT_SIDE_MODELS}
+
+
 def extract_checkpoint(checkpoint: str | Path, subnet: str, out: str | Path, data_dir=None) -> dict:
-    """Slice ``subnet`` out of ``checkpoint`` into a new checkpoint folder ``out``."""
+    """Slice ``subnet`` out of ``checkpoint`` into a new checkpoint folder ``out``, with the parent's text
+    tokenizer and every side model it ships (:func:`side_models`)."""
     ckpt, sub = load_subnet(checkpoint, subnet, data_dir)
     child = extract_subnet(ckpt.model, sub)
     meta = {
@@ -104,14 +119,7 @@ def extract_checkpoint(checkpoint: str | Path, subnet: str, out: str | Path, dat
         "subnet": extraction_meta(sub, ckpt.cfg),
         "parent": str(ckpt.path),
     }
-    path = save_checkpoint(
-        out,
-        child,
-        tokenizer=ckpt.tokenizer,
-        meta=meta,
-        vision_tokenizer=ckpt.vision_tokenizer,
-        refiner=ckpt.refiner,
-    )
+    path = save_checkpoint(out, child, tokenizer=ckpt.tokenizer, meta=meta, **side_models(ckpt))
 
     def size(p: Path) -> int:
         return (p / "model.safetensors").stat().st_size

@@ -1,14 +1,19 @@
-"""Readers of the real text datasets: counts from each SOURCE.md, formats, and clear errors."""
+"""Readers of the real text datasets: counts from each SOURCE.md, formats, clear errors, and loading
+through Hugging Face ``datasets``."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from ernie5.data.root import DataMissing
 from ernie5.data.text import (
     DataCorrupt,
+    arc_items,
+    bbh_items,
+    gsm8k_items,
     read_arc,
     read_babi_qa1,
     read_bbh,
@@ -18,6 +23,7 @@ from ernie5.data.text import (
     read_svamp,
     shakespeare_split,
     strip_calculator_annotations,
+    svamp_items,
 )
 
 
@@ -173,6 +179,12 @@ GOOD_ARC = {
             ":2: question line",
         ),
         (
+            "gsm8k/test.jsonl",
+            '{"question": "q", "answer": "#### 1"}\n{"question": "q", "answer": "#### 2"} {"question": 3}\n',
+            lambda r: read_gsm8k(r, "test"),
+            ":2: invalid JSON",
+        ),
+        (
             "bbh/web_of_lies.json",
             '{"examples": [\n  {"input": "x",}\n]}',
             lambda r: read_bbh(r, "web_of_lies"),
@@ -204,3 +216,100 @@ def test_corrupt_files_name_the_line(tmp_path, relpath, content, read, needle):
 def test_missing_files_raise_data_missing(tmp_path, read):
     with pytest.raises(DataMissing, match=str(tmp_path)):
         read(tmp_path)
+
+
+def test_readers_load_through_datasets(data_root, monkeypatch):
+    """The JSON-lines and text files are read by ``datasets.load_dataset``'s packaged builders."""
+    import datasets
+
+    seen = []
+    real = datasets.load_dataset
+
+    def spy(path, *args, **kwargs):
+        seen.append((path, os.path.basename(kwargs["data_files"])))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    read_arc(data_root, "Easy", "validation")
+    read_gsm8k(data_root, "test")
+    read_openbookqa(data_root, "dev")
+    read_babi_qa1(data_root, "test")
+    read_shakespeare(data_root)
+    assert seen == [
+        ("json", "ARC-Easy-validation.jsonl"),
+        ("json", "test.jsonl"),
+        ("text", "dev.tsv"),
+        ("text", "qa1_single-supporting-fact_test.txt"),
+        ("text", "input.txt"),
+    ]
+
+
+def test_the_row_parsers_read_hub_layout_rows(data_root):
+    """A ``datasets`` source of the hub layout (here built in memory; ``allenai/ai2_arc`` and
+    ``openai/gsm8k`` have these columns) gives the records the file readers give."""
+    import datasets
+
+    arc = datasets.Dataset.from_list(
+        [
+            {
+                "id": "a1",
+                "question": "Q?",
+                "choices": {"text": ["x", "y"], "label": ["A", "B"]},
+                "answerKey": "B",
+            },
+            {
+                "id": "a2",
+                "question": "R?",
+                "choices": {"text": ["u", "v", "w"], "label": ["1", "2", "3"]},
+                "answerKey": "3",
+            },
+        ]
+    )
+    items = arc_items(arc)
+    assert [(it.id, it.choices, it.labels, it.answer) for it in items] == [
+        ("a1", ("x", "y"), ("A", "B"), 1),
+        ("a2", ("u", "v", "w"), ("1", "2", "3"), 2),
+    ]
+    gsm = datasets.Dataset.from_list([{"question": "q", "answer": "2 + 2 = <<2+2=4>>4\n#### 4"}])
+    (item,) = gsm8k_items(gsm, "test")
+    assert (item.id, item.solution, item.answer) == ("gsm8k-test-1", "2 + 2 = <<2+2=4>>4", "4")
+    svamp = datasets.Dataset.from_list([{"ID": "chal-1", "Body": "b", "Question": "q?", "Answer": 51.0}])
+    assert [it.answer for it in svamp_items(svamp, "test")] == ["51"]
+    assert bbh_items(datasets.Dataset.from_list([{"input": "x", "target": "7"}]), "t")[0].id == "t-0"
+    # a local mirror through the same loader gives exactly the file reader's records
+    mirror = datasets.load_dataset(
+        "json", data_files=str(data_root / "arc" / "ARC-Challenge-validation.jsonl"), split="train"
+    )
+    assert arc_items(mirror) == read_arc(data_root, "Challenge", "validation")
+    bad = datasets.Dataset.from_list([{**arc[0], "answerKey": "C"}])
+    with pytest.raises(DataCorrupt, match=r"^allenai/ai2_arc:1: answerKey 'C'"):
+        arc_items(bad, "allenai/ai2_arc")
+
+
+def test_an_edited_file_is_never_served_from_the_datasets_cache(tmp_path):
+    """The cache is keyed by content: a file rewritten with its old mtime (as ``cp -p`` or ``rsync -t``
+    of another version do) is read anew."""
+    path = _write(tmp_path, "arc/ARC-Easy-test.jsonl", json.dumps(GOOD_ARC) + "\n")
+    assert read_arc(tmp_path, "Easy", "test")[0].answer == 1
+    stat = path.stat()
+    path.write_text(json.dumps({**GOOD_ARC, "answerKey": "A"}) + "\n")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert read_arc(tmp_path, "Easy", "test")[0].answer == 0
+
+
+def test_a_valid_file_the_builder_trips_over_is_still_read(tmp_path):
+    """Mixed value types beside a blank line make the ``json`` builder fail, and it types a column of ISO
+    date strings as timestamps; the files are valid, so they are read (in Python) with the records and
+    line-based ids they always had."""
+    arc = [{**GOOD_ARC, "id": "2020-01-01"}, {**GOOD_ARC, "id": "2020-01-02"}]
+    _write(tmp_path, "arc/ARC-Easy-test.jsonl", "".join(json.dumps(r) + "\n" for r in arc))
+    assert [it.id for it in read_arc(tmp_path, "Easy", "test")] == ["2020-01-01", "2020-01-02"]
+    rows = [{"question": "q1", "answer": "#### 1"}, {"question": "q2", "answer": "#### 2", "x": 1}]
+    rows.append({"question": "q3", "answer": "#### 3", "x": "one"})
+    _write(tmp_path, "gsm8k/test.jsonl", "\n\n".join(json.dumps(r) for r in rows) + "\n")
+    items = read_gsm8k(tmp_path, "test")
+    assert [(it.id, it.answer) for it in items] == [
+        ("gsm8k-test-1", "1"),
+        ("gsm8k-test-3", "2"),
+        ("gsm8k-test-5", "3"),
+    ]

@@ -85,6 +85,46 @@ def test_refuses_to_overwrite_and_checks_config_on_resume(straight_run, tmp_path
         pretrain(_cfg("optim.lr=0.01"), other, resume=True, quiet=True)
 
 
+def test_resume_with_more_steps_extends_the_run(straight_run, tmp_path):
+    """--resume with a larger train.steps continues the run to the new total: the steps already
+    trained are untouched, the schedule is re-evaluated over the new total from the resume point, and
+    the extension is recorded in meta.json and metrics.jsonl. Shrinking, or changing anything else, is
+    refused in one line."""
+    from train.schedule import lr_at
+
+    ext = tmp_path / "ext"
+    shutil.copytree(straight_run, ext)
+    with pytest.raises(RunError, match=r"train.steps=8 < 16 .*extended, not shortened") as info:
+        pretrain(_cfg("train.steps=8"), ext, resume=True, quiet=True)
+    assert "\n" not in str(info.value)
+    with pytest.raises(RunError, match=r"optim.lr: .*only train.steps may grow"):
+        pretrain(_cfg("train.steps=24", "optim.lr=0.01"), ext, resume=True, quiet=True)
+
+    cfg = _cfg("train.steps=24")
+    pretrain(cfg, ext, resume=True, quiet=True)
+    recs = [json.loads(line) for line in (ext / "metrics.jsonl").read_text().splitlines()]
+    record = {"at_step": 16, "from_steps": 16, "to_steps": 24}
+    assert [r for r in recs if "event" in r] == [{"step": 16, "event": "extended", **record}]
+    trained = [r for r in recs if "event" not in r]
+    assert [r["step"] for r in trained] == list(range(1, 25))
+    before = [json.loads(line) for line in (straight_run / "metrics.jsonl").read_text().splitlines()]
+    assert trained[:16] == before  # the steps before the resume point are untouched
+    assert recs.index({"step": 16, "event": "extended", **record}) == 16  # the note sits at the resume point
+    # from the resume point on, the learning rate follows the schedule over the new total: the WSD decay
+    # of the 16-step run (steps 13-15) is undone and moves to the last steps of the 24
+    peak = cfg.optim.lr
+    assert before[-1]["lr"] < peak and trained[16]["lr"] == pytest.approx(peak)
+    assert [r["lr"] for r in trained[16:]] == [lr_at(s, 24, peak, cfg.schedule) for s in range(16, 24)]
+    assert trained[-1]["lr"] < peak
+    assert load_checkpoint(checkpoint_dirs(ext)[-1]).meta["step"] == 24
+    assert json.loads((ext / "meta.json").read_text())["extensions"] == [record]
+    assert "steps: 24" in (ext / "config.yaml").read_text()
+    # a later resume of the extended run (same config) keeps the record
+    pretrain(cfg, ext, resume=True, quiet=True)
+    assert json.loads((ext / "meta.json").read_text())["extensions"] == [record]
+    assert [json.loads(line) for line in (ext / "metrics.jsonl").read_text().splitlines()] == recs
+
+
 def test_data_stream_is_a_pure_function_of_the_step(straight_run):
     from ernie5.tokenizers.text import TextTokenizer
     from train.data import MixtureStream, open_sources
