@@ -9,6 +9,7 @@ import pandas as pd
 
 from reports import pareto, routing, scores, seesaw
 from reports.load import Run
+from reports.skips import group_skips
 
 ROUTING_REFERENCE = "full"
 
@@ -123,6 +124,7 @@ def tables(run: Run, analysis: Analysis) -> dict[str, pd.DataFrame]:
         "degradation_order": analysis.degradation,
         "win_rates": analysis.win_rates,
         "aggregate": analysis.aggregate,
+        "skipped_by_reason": group_skips(run.units, analysis.order),
     }
     if analysis.pareto is not None:
         out["pareto"] = analysis.pareto

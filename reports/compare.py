@@ -7,7 +7,8 @@ Every cell of either run gets a row with a ``status``:
 * ``new`` / ``missing``: ok in only one run (``note`` says why the other has none);
 * ``failing``: ok in the base run, an error in the new one (counts as a regression).
 
-``verdict`` is ``regression``, ``improvement``, ``no change`` or ``n/a``. Outputs go to
+``verdict`` is ``regression``, ``improvement``, ``no change`` or ``n/a``. Two runs with no cell that
+can gate (none ``compared``, none ``failing``) are an error, not a pass. Outputs go to
 ``NEW_RUN/report/compare-<base name>/`` by default: ``index.html``, ``summary.md``, ``deltas.csv|json``.
 """
 
@@ -24,7 +25,7 @@ from reports import formatting as f
 from reports import paired, plots
 from reports.definitions import COMPARE_ABOUT
 from reports.html import badge, definitions, esc, figure, key_values, page, paragraph, table
-from reports.load import Run, load_run, read_samples
+from reports.load import ReportError, Run, load_run, read_samples
 from reports.markdown import compare_summary
 from reports.report import write_tables
 
@@ -46,6 +47,8 @@ CELL_COLUMNS = [
     "verdict",
     "note",
 ]
+GATING = ("compared", "failing")
+"""Cell statuses that can decide a regression verdict."""
 MAX_PLOTTED = 40
 """Most cells drawn in the change plot (those with the smallest p-values)."""
 MANIFEST_DIFF = ("suite", "suite_hash", "checkpoint", "checkpoint_hash", "git_hash", "data_dir")
@@ -228,7 +231,9 @@ def compare_runs(
         The :class:`ComparisonResult`; gate CI on ``has_regression``.
 
     Raises:
-        ReportError: either folder is not a sweep run.
+        ReportError: either folder is not a sweep run, or the two runs share no cell that can gate
+            (none compared and none newly failing): "no significant regression" would then be a
+            verdict on nothing. The page, summary and table are written first, to show each run's cells.
     """
     base, new = load_run(base_dir), load_run(new_dir)
     out = Path(out_dir) if out_dir is not None else new.path / "report" / f"compare-{base.name}"
@@ -238,4 +243,15 @@ def compare_runs(
     write_atomic(out / "index.html", _page(base, new, cells, has_regression))
     summary = compare_summary(base.name, new.name, cells, has_regression, str(out / "index.html"))
     write_atomic(out / "summary.md", summary)
+    if not cells["status"].isin(GATING).any():
+        shared = int(cells["status"].isin(["compared", "version changed"]).sum())
+        why = (
+            f"share {shared} (subnet, task, metric) cells but every one changed task version"
+            if shared
+            else "have no (subnet, task, metric) cell in common"
+        )
+        raise ReportError(
+            f"compare: base run {base.path} and new run {new.path} {why}: nothing to compare "
+            f"(their cells are listed in {out / 'index.html'})"
+        )
     return ComparisonResult(cells=cells, has_regression=has_regression, summary_markdown=summary, out_dir=out)

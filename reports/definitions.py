@@ -74,6 +74,16 @@ ABOUT: tuple[tuple[str, str], ...] = (
         "full model's.",
     ),
     (
+        "Measured speed and failed measurements",
+        "Prefill: median time of the prefill forward alone over the suite's prompt; decode: one over the "
+        "median time of one greedy decoding step with the KV cache, each step timed on its own; brackets "
+        "give the interquartile range over the repeats. A timing is a failed measurement, shown as "
+        "'measurement failed' and left out of every speedup and decode-latency frontier, when it is not "
+        "finite or not positive, when it implies more FLOP/s than a small multiple of the machine's "
+        "measured matmul peak, or when its interquartile range spans so wide a factor that the median "
+        "means nothing.",
+    ),
+    (
         "Normalised routing entropy",
         "NE = -sum_i p_i log p_i / log N, p_i the share of a group's routed tokens sent to expert i in a "
         "layer, N the number of routed experts. 1 = tokens spread evenly over all experts, 0 = a single "

@@ -15,6 +15,8 @@ import pandas as pd
 from reports import formatting as f
 from reports.analysis import Analysis
 from reports.load import Run
+from reports.pareto import FAILED
+from reports.skips import group_skips
 
 
 def cell(x: Any) -> str:
@@ -90,23 +92,32 @@ def report_summary(run: Run, a: Analysis, html_path: str) -> str:
             "",
         ]
     if a.operating_points is not None and len(a.operating_points):
-        pts = a.operating_points[["point", "subnet", "score", "active_pct", "total_pct", "speedup"]]
+        ops = a.operating_points
+        pts = ops[["point", "subnet", "score", "active_pct", "total_pct"]].assign(
+            speedup=[
+                FAILED if failed else f.num(x, 2) + "x"
+                for x, failed in zip(ops["speedup"], ops["speedup_failed"])
+            ]
+        )
         out += [
             "## Operating points",
             "",
-            md_table(
-                pts,
-                {
-                    "score": f.pct,
-                    "active_pct": f.pct,
-                    "total_pct": f.pct,
-                    "speedup": lambda x: f.num(x, 2) + "x",
-                },
-            ),
+            md_table(pts, {"score": f.pct, "active_pct": f.pct, "total_pct": f.pct}),
         ]
-    bad = run.units[run.units["status"] != "ok"][["subnet", "task", "status", "reason"]]
+    if a.efficiency is not None and a.efficiency["timing_failed"].any():
+        bad = a.efficiency[a.efficiency["timing_failed"]]
+        out += [
+            f"**Speed {FAILED}:** "
+            + "; ".join(f"{cell(s)} ({cell(r)})" for s, r in zip(bad["subnet"], bad["reason"]))
+            + ".",
+            "",
+        ]
+    skips = group_skips(run.units, a.order)
+    if len(skips):
+        out += ["## Skipped units, by reason", "", md_table(skips)]
+    bad = run.units[~run.units["status"].isin(["ok", "skipped"])][["subnet", "task", "reason"]]
     if len(bad):
-        out += ["## Skipped and failed units", "", md_table(bad)]
+        out += ["## Failed units", "", md_table(bad)]
     return "\n".join(out)
 
 

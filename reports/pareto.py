@@ -9,6 +9,11 @@
 * **Operating points** (the paper's §6.4.2 Table 12): ``ES`` is the top-k-only subnet whose top-k is
   closest to 25% of the full top-k; ``EA`` is the best-scoring subnet with depth, width and top-k
   all reduced. Speedup is measured decode throughput over the full model's.
+* **Failed measurements**: a row ``efficiency.csv`` marks ``status = failed`` (see
+  ``evals.efficiency``), or whose prefill or decode figure is not finite or not positive, has every
+  timing set to NaN and ``timing_failed`` set: it is shown as "measurement failed", never enters a
+  speedup, and sits on no decode-latency frontier (its analytic costs, parameters and FLOPs, still
+  count).
 """
 
 from __future__ import annotations
@@ -51,9 +56,44 @@ def pareto_front(score: list[float] | np.ndarray, cost: list[float] | np.ndarray
     return out
 
 
+FAILED = "measurement failed"
+"""How a failed timing is shown."""
+TIMINGS = (
+    "prefill_ms",
+    "prefill_ms_low",
+    "prefill_ms_high",
+    "decode_tokens_per_s",
+    "decode_tokens_per_s_low",
+    "decode_tokens_per_s_high",
+)
+"""The measured (not analytic) columns of ``efficiency.csv`` that a failed measurement voids."""
+
+
+def _text_column(df: pd.DataFrame, col: str) -> pd.Series:
+    """``df[col]`` as strings, with "" for a missing value or a missing column (an all-empty column
+    reads back from CSV as floats)."""
+    if col not in df:
+        return pd.Series("", index=df.index)
+    return df[col].map(lambda v: "" if pd.isna(v) else str(v))
+
+
 def efficiency_table(eff: pd.DataFrame) -> pd.DataFrame:
-    """``efficiency.csv`` plus ``decode_ms_per_token``; ``active_params`` falls back to the measured."""
+    """``efficiency.csv`` plus ``decode_ms_per_token`` and ``timing_failed`` (failed timings voided,
+    see the module docstring); ``active_params`` falls back to the measured."""
     out = eff.copy()
+    status, reason = (_text_column(out, c) for c in ("status", "reason"))
+    failed = status == "failed"
+    for col in ("prefill_ms", "decode_tokens_per_s"):
+        v = pd.to_numeric(out[col], errors="coerce") if col in out else pd.Series(math.nan, index=out.index)
+        bad = v.notna() & ~(np.isfinite(v) & (v > 0))
+        reason = reason.where(~bad | failed, f"{col} is not a positive finite number")
+        failed = failed | bad
+    for col in TIMINGS:
+        if col in out:
+            out[col] = pd.to_numeric(out[col], errors="coerce").where(~failed)
+    out["timing_failed"] = failed
+    out["status"] = status.where(~failed, "failed")
+    out["reason"] = reason
     tps = pd.to_numeric(out["decode_tokens_per_s"], errors="coerce")
     out["decode_ms_per_token"] = 1000.0 / tps.where(tps > 0)
     measured = pd.to_numeric(out["active_params_measured"], errors="coerce")
@@ -89,7 +129,8 @@ def aggregate_scores(groups: pd.DataFrame) -> pd.DataFrame:
 
 def pareto_table(agg: pd.DataFrame, eff: pd.DataFrame) -> pd.DataFrame:
     """Aggregate score and every cost per subnet, with ``front_<cost>`` frontier flags."""
-    table = agg[["subnet", "score"]].merge(eff[["subnet", *COSTS]], on="subnet", how="left")
+    cols = ["subnet", *COSTS] + (["timing_failed"] if "timing_failed" in eff else [])
+    table = agg[["subnet", "score"]].merge(eff[cols], on="subnet", how="left")
     for cost in COSTS:
         table[f"front_{cost}"] = pareto_front(table["score"], pd.to_numeric(table[cost], errors="coerce"))
     return table
@@ -119,7 +160,8 @@ def operating_points(eff: pd.DataFrame, agg: pd.DataFrame, reference: str = "ful
 
     Returns:
         Columns ``point``, ``subnet``, ``top_k_fraction``, ``score``, ``active_pct``, ``total_pct``,
-        ``speedup``, ``paper``; no row for a point the run has no subnet for.
+        ``speedup`` (NaN when either timing failed), ``speedup_failed``, ``paper``; no row for a point
+        the run has no subnet for.
     """
     table = eff.merge(agg[["subnet", "score"]], on="subnet", how="left")
     table = table[table["score"].notna() | (table["subnet"] == reference)]
@@ -143,6 +185,9 @@ def operating_points(eff: pd.DataFrame, agg: pd.DataFrame, reference: str = "ful
             ref = float(full[col]) if full is not None else math.nan
             return float(r[col]) / ref if ref and not math.isnan(ref) else math.nan
 
+        speed_failed = bool(r.get("timing_failed", False)) or (
+            full is not None and bool(full.get("timing_failed", False))
+        )
         rows.append(
             {
                 "point": point,
@@ -151,9 +196,20 @@ def operating_points(eff: pd.DataFrame, agg: pd.DataFrame, reference: str = "ful
                 "score": float(r["score"]),
                 "active_pct": pct("active_params"),
                 "total_pct": pct("total_params"),
-                "speedup": pct("decode_tokens_per_s"),
+                "speedup": math.nan if speed_failed else pct("decode_tokens_per_s"),
+                "speedup_failed": speed_failed,
                 "paper": PAPER_POINTS[point],
             }
         )
-    cols = ["point", "subnet", "top_k_fraction", "score", "active_pct", "total_pct", "speedup", "paper"]
+    cols = [
+        "point",
+        "subnet",
+        "top_k_fraction",
+        "score",
+        "active_pct",
+        "total_pct",
+        "speedup",
+        "speedup_failed",
+        "paper",
+    ]
     return pd.DataFrame(rows, columns=cols)

@@ -7,12 +7,13 @@ import json
 import pandas as pd
 
 from reports import formatting as f
-from reports import plots, routing
+from reports import pareto, plots, routing
 from reports.analysis import Analysis
 from reports.definitions import ABOUT
 from reports.html import badge, chip, definitions, details, esc, figure, key_values, paragraph, pre, table
 from reports.load import Run, read_samples
 from reports.paired import CORPUS_SCALE
+from reports.skips import group_skips
 
 MANIFEST_FIELDS = (
     "suite",
@@ -31,6 +32,13 @@ N_SAMPLES = 3
 
 def _json(x) -> str:
     return json.dumps(x, indent=2, sort_keys=True, default=str)
+
+
+def speedup_text(point: pd.Series) -> str:
+    """An operating point's speedup (``1.23x``), or "measurement failed" when a timing failed."""
+    if point.get("speedup_failed", False):
+        return pareto.FAILED
+    return f.NA if pd.isna(point["speedup"]) else f"{point['speedup']:.2f}x"
 
 
 def highlights(a: Analysis) -> str:
@@ -59,8 +67,11 @@ def highlights(a: Analysis) -> str:
         for _, p in a.operating_points.iterrows():
             items.append(
                 f"{esc(p['point'])} point {esc(p['subnet'])}: {esc(f.pct(p['score']))} of the full score at "
-                f"{esc(f.pct(p['active_pct']))} active params, {esc(f.num(p['speedup'], 2))}x decode speed."
+                f"{esc(f.pct(p['active_pct']))} active params, decode speedup {esc(speedup_text(p))}."
             )
+    if a.efficiency is not None and a.efficiency["timing_failed"].any():
+        bad = a.efficiency[a.efficiency["timing_failed"]]["subnet"]
+        items.append(f"Speed {pareto.FAILED} for {esc(', '.join(bad))} (see Efficiency trade-offs).")
     iou = a.routing.get("routing_iou_modality")
     if iou is not None and len(iou):
         last = iou[(iou["layer"] == iou["layer"].max()) & (iou["a"] < iou["b"])].dropna(subset=["iou"])
@@ -77,7 +88,8 @@ def highlights(a: Analysis) -> str:
 
 
 def overview(run: Run, a: Analysis) -> str:
-    """Highlights, manifest, subnets, tasks, and which units ran, were skipped or failed (and why)."""
+    """Highlights, manifest, subnets, tasks, which units ran, the skipped ones grouped by reason (with
+    how to get the data) and the failed ones one by one."""
     m = run.manifest
     parts = [highlights(a)]
     parts += [
@@ -108,7 +120,16 @@ def overview(run: Run, a: Analysis) -> str:
     grid.insert(1, "capability", [esc(tasks.loc[t, "capability"]) for t in grid.index])
     grid.insert(0, "task", [esc(t) for t in grid.index])
     parts.append("<h3>Units by task and subnet</h3>" + table(grid, raw=grid.columns))
-    bad = run.units[run.units["status"] != "ok"][["subnet", "task", "status", "reason"]]
+    skips = group_skips(run.units, a.order)
+    if len(skips):
+        parts.append(
+            f"<h3>Skipped units, by reason ({int(skips['units'].sum())} units, {len(skips)} reasons)</h3>"
+            + table(
+                skips.assign(how_to_get=[h or "-" for h in skips["how_to_get"]]),
+                headers={"how_to_get": "how to get it"},
+            )
+        )
+    bad = run.units[~run.units["status"].isin(["ok", "skipped"])][["subnet", "task", "status", "reason"]]
     if len(bad):
         bad = bad.assign(
             status=[badge(s) for s in bad["status"]],
@@ -116,7 +137,7 @@ def overview(run: Run, a: Analysis) -> str:
             subnet=[esc(s) for s in bad["subnet"]],
             task=[esc(t) for t in bad["task"]],
         )
-        parts.append("<h3>Skipped and failed units</h3>" + table(bad, raw=bad.columns))
+        parts.append("<h3>Failed units</h3>" + table(bad, raw=bad.columns))
     for key in ("subnets", "tasks"):
         if m.get(key) and isinstance(m[key], list):
             df = pd.DataFrame(m[key]).astype(str)
@@ -233,6 +254,12 @@ def efficiency(a: Analysis) -> str:
         for _, r in front.iterrows()
     ]
     front = front.drop(columns=[c for c in front.columns if c.startswith("front_")])
+    if "timing_failed" in front:
+        front["decode_ms_per_token"] = [
+            pareto.FAILED if failed else f.num(v)
+            for v, failed in zip(front["decode_ms_per_token"], front["timing_failed"].fillna(False))
+        ]
+        front = front.drop(columns="timing_failed")
     front = front.merge(a.win_rates[["subnet", "mean_win_rate"]], on="subnet", how="left")
     front = front.assign(pos=front["subnet"].map({s: i for i, s in enumerate(a.order)})).sort_values("pos")
     front = front.drop(columns="pos")
@@ -244,18 +271,19 @@ def efficiency(a: Analysis) -> str:
             headers={"score": "aggregate score", "decode_ms_per_token": "decode ms/token"},
         )
     )
+    parts.append("<h3>Measured speed (median, interquartile range)</h3>" + measured_speed(a.efficiency))
     points = a.operating_points
     if points is not None and len(points):
+        points = points.assign(speedup=[speedup_text(p) for _, p in points.iterrows()])
         parts.append(
             "<h3>Operating points (paper-style)</h3>"
             + table(
-                points,
+                points.drop(columns="speedup_failed"),
                 formats={
                     "top_k_fraction": f.pct,
                     "score": f.pct,
                     "active_pct": f.pct,
                     "total_pct": f.pct,
-                    "speedup": lambda x: f.NA if pd.isna(x) else f"{x:.2f}x",
                 },
                 headers={
                     "score": "relative score",
@@ -268,6 +296,33 @@ def efficiency(a: Analysis) -> str:
     else:
         parts.append(paragraph("No top-k-only or fully elastic subnet in this run: no operating points."))
     return "".join(parts)
+
+
+def measured_speed(eff: pd.DataFrame) -> str:
+    """Per subnet, the prefill and decode timings with their interquartile ranges, the threads and
+    matmul peak they were checked against, and "measurement failed" with the reason where a timing
+    is not a measurement (see :mod:`reports.pareto`)."""
+
+    def timing(r: pd.Series, col: str, digits: int) -> str:
+        if r["timing_failed"]:
+            return pareto.FAILED
+        low, high = r.get(f"{col}_low"), r.get(f"{col}_high")
+        spread = "" if pd.isna(low) or pd.isna(high) else f" [{f.num(low, digits)}, {f.num(high, digits)}]"
+        return f.num(r[col], digits) + spread
+
+    rows = [
+        {
+            "subnet": r["subnet"],
+            "prefill ms": timing(r, "prefill_ms", 2),
+            "decode tokens/s": timing(r, "decode_tokens_per_s", 1),
+            "threads": f.text(r.get("threads")),
+            "matmul peak FLOP/s": f.si(r.get("matmul_peak_flops")),
+            "status": r["status"] or "unchecked",
+            "reason": r["reason"],
+        }
+        for _, r in eff.iterrows()
+    ]
+    return table(pd.DataFrame(rows))
 
 
 def routing_section(run: Run, a: Analysis) -> str:

@@ -350,7 +350,6 @@ class _DigitJudged(Task):
     data_files = _mnist_files()
     how_to_get = MNIST_HOW
     splits = ("generated",)
-    how_to_get = GENERATED
     Options = GenOptions
 
     def _judge(self, data_dir) -> judges.DigitJudge:

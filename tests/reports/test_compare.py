@@ -96,3 +96,44 @@ def test_unpaired_cells_fall_back_to_a_z_test(make_run, base_run):
 def test_not_a_run_folder(tmp_path, base_run):
     with pytest.raises(ReportError, match="no manifest.json"):
         compare_runs(tmp_path, base_run)
+
+
+def _only_subnets(run, keep: set[str]) -> None:
+    for d in (run / "units").iterdir():
+        if d.name not in keep:
+            shutil.rmtree(d)
+    (run / "results.csv").unlink()  # rebuilt from the units
+
+
+def test_runs_with_no_cell_in_common_are_an_error_not_a_pass(make_run, capsys):
+    from jobs.cli import main
+
+    base, new = make_run("base"), make_run("new")
+    _only_subnets(base, {"full"})
+    _only_subnets(new, {"k1"})
+    with pytest.raises(ReportError, match="no \\(subnet, task, metric\\) cell in common") as info:
+        compare_runs(base, new)
+    assert str(base) in str(info.value) and str(new) in str(info.value) and "\n" not in str(info.value)
+    assert (new / "report" / "compare-base" / "index.html").is_file()  # the cells of each run, shown
+    assert main(["compare", str(base), str(new), "--fail-on-regression"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to compare" in err[0] and "no significant regression" not in err[0]
+
+
+def test_runs_sharing_only_version_changed_cells_are_an_error(make_run):
+    base, new = make_run("base"), make_run("new")
+    for path in (new / "units").glob("*/*.json"):
+        unit = json.loads(path.read_text())
+        write_unit(new, {**unit, "task_version": 2}, [])
+    (new / "results.csv").unlink()
+    with pytest.raises(ReportError, match="every one changed task version"):
+        compare_runs(base, new)
+
+
+def test_a_run_whose_every_shared_cell_now_fails_is_a_regression_not_an_error(make_run):
+    base, new = make_run("base"), make_run("new")
+    for path in (new / "units").glob("*/*.json"):
+        unit = json.loads(path.read_text())
+        write_unit(new, {**unit, "status": "error", "reason": "boom", "metrics": {}}, [])
+    (new / "results.csv").unlink()
+    assert compare_runs(base, new).has_regression
