@@ -9,6 +9,12 @@
   would silently get the first one's answers. The CLI rejects it with a one-line error and
   ``Ernie5LM.set_cache_hook`` (only lm-eval's ``CachingLM`` calls it) raises, which also covers
   ``simple_evaluate(use_cache=...)``. Use ``model_args cache=PATH`` instead.
+* Suites are data only: a suite's task folder must lie inside the suite's folder or the shipped
+  ``suites/lm_eval``; task code (``!function``, ``unsafe_code``) runs only with ``allow_code``
+  (``--confirm-run-unsafe-code``), templates render in Jinja's sandbox otherwise, and every file of the
+  folder enters the unit's fingerprint (:func:`lm_eval_units`). ``ernie5 lm-eval`` reads lm-eval's
+  ``--confirm_run_unsafe_code`` the same way and reports user errors (an unknown task, refused code, a
+  checkpoint that cannot be loaded) as one line with exit code 2 (:func:`run_lm_eval_cli`).
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import importlib.resources
 import math
 import numbers
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +56,11 @@ USE_CACHE_ERROR = (
     "ernie5 bridge caches per checkpoint and subnet itself: use --model_args ...,cache=PATH"
 )
 EXCERPT_CHARS = 300
+CLI_CODE_FLAG = "--confirm_run_unsafe_code"
+"""lm-eval's own flag, which ``ernie5 lm-eval`` also reads as consent to task code (``!function``)."""
+SUITE_CODE_FLAG = "--confirm-run-unsafe-code"
+"""The ``ernie5 sweep`` / ``nightly`` flag that becomes ``lm_eval_units(..., allow_code=True)``."""
+_SKIP_DIRS = {"__pycache__", ".ipynb_checkpoints"}
 _TASK_MANAGERS: dict[str, Any] = {}
 
 
@@ -101,12 +114,15 @@ class Ernie5LM(LM):
     ) -> None:
         super().__init__()
         if not checkpoint:
-            raise ValueError("ernie5: model_args needs checkpoint=PATH (a checkpoint or run folder)")
+            raise LmEvalUsageError("ernie5: model_args needs checkpoint=PATH (a checkpoint or run folder)")
         dev = str(device or "cpu")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", dev) or (dev != "cpu" and not torch.cuda.is_available()):
-            raise ValueError(f"ernie5: device={dev!r}: use cpu, or cuda[:N] on a machine with CUDA")
-        ckpt = load_checkpoint(resolve_checkpoint(checkpoint), device=dev)
-        (sub,) = resolve_specs([str(subnet)], ckpt, resolve_data_dir(None))
+            raise LmEvalUsageError(f"ernie5: device={dev!r}: use cpu, or cuda[:N] on a machine with CUDA")
+        try:  # CheckpointError, SubnetError, DataDirError: one line on the command line
+            ckpt = load_checkpoint(resolve_checkpoint(checkpoint), device=dev)
+            (sub,) = resolve_specs([str(subnet)], ckpt, resolve_data_dir(None))
+        except ValueError as e:
+            raise LmEvalUsageError(f"ernie5: {_one_line(e)}") from None
         bs = 16 if batch_size is None or str(batch_size).startswith("auto") else max(1, int(batch_size))
         model = (Ernie5EvalModel if dev == "cpu" else _DeviceEvalModel)(ckpt, sub, batch_size=bs)
         self._setup(CachedModel(model, ResponseCache(cache)) if cache else model)
@@ -178,7 +194,14 @@ class Ernie5LM(LM):
 
 
 def run_lm_eval_cli(argv: list[str]) -> int:
-    """Run lm-eval's command line on ``argv`` (no program name) with ``ernie5`` registered; its exit code."""
+    """Run lm-eval's command line on ``argv`` (no program name) with ``ernie5`` registered; its exit code.
+
+    A user error (an unknown task, a bad option combination, a checkpoint that cannot be loaded, a task
+    that needs code without ``--confirm_run_unsafe_code``) is one line ``lm-eval: error: ...`` on stderr
+    and exit code 2. Without ``--confirm_run_unsafe_code``, no task outside lm-eval's own task folders
+    runs Python: a ``!function`` there (``--include_path``, ``--tasks x.yaml``, ``--config``) is refused
+    and every task template renders in Jinja's sandbox (see :class:`_CodeGuard`).
+    """
     import lm_eval.tasks
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
@@ -204,13 +227,140 @@ def run_lm_eval_cli(argv: list[str]) -> int:
     if _all_local(getattr(args, "tasks", None), getattr(args, "include_path", None)):
         # Every task is defined under --include_path: skip indexing lm-eval's ~15k built-in tasks (~10 s).
         lm_eval.tasks.TaskManager = functools.partial(manager, include_defaults=False)
+    guard = _CodeGuard(bool(getattr(args, "confirm_run_unsafe_code", False)), CLI_CODE_FLAG)
     try:
-        cli.execute(args)
+        with guard, _config_errors_are_user_errors(guard):
+            cli.execute(args)
+    except LmEvalUsageError as e:
+        print(f"lm-eval: error: {_one_line(e)}", file=sys.stderr)
+        return 2
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else int(e.code is not None)
     finally:
         lm_eval.tasks.TaskManager = manager
     return 0
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def _config_errors_are_user_errors(guard: _CodeGuard):
+    """While lm-eval's ``run`` builds its configuration and resolves ``--tasks`` (no model loaded yet), its
+    errors (``Tasks not found: x``, bad option combinations, an unreadable ``--config``) become
+    :class:`LmEvalUsageError`; a ``confirm_run_unsafe_code`` set in a ``--config`` file reaches ``guard``."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    saved_from_cli, saved_process = EvaluatorConfig.__dict__["from_cli"], EvaluatorConfig.process_tasks
+    errors = (ValueError, TypeError, OSError, yaml.YAMLError)
+
+    def from_cli(cls, args):
+        try:
+            cfg = saved_from_cli.__func__(cls, args)
+        except errors as e:
+            raise LmEvalUsageError(_one_line(e)) from None
+        guard.allow = guard.allow or bool(getattr(cfg, "confirm_run_unsafe_code", False))
+        return cfg
+
+    def process_tasks(self, *a, **k):
+        try:
+            return saved_process(self, *a, **k)
+        except LmEvalUsageError:
+            raise
+        except errors as e:
+            raise LmEvalUsageError(_one_line(e)) from None
+
+    EvaluatorConfig.from_cli, EvaluatorConfig.process_tasks = classmethod(from_cli), process_tasks
+    try:
+        yield
+    finally:
+        EvaluatorConfig.from_cli, EvaluatorConfig.process_tasks = saved_from_cli, saved_process
+
+
+class LmEvalUsageError(ValueError):
+    """A user error of the lm-eval bridge, reported by ``ernie5 lm-eval`` as one line with exit code 2."""
+
+
+class UnsafeTaskCode(LmEvalUsageError):
+    """A task asked lm-eval to import Python that the user did not allow."""
+
+
+def _lm_eval_task_root() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).resolve().parent
+
+
+class _CodeGuard:
+    """While lm-eval runs: no task code outside lm-eval's own task folders unless ``allow``.
+
+    * ``!function mod.fn`` in a task YAML makes lm-eval import ``mod.py`` next to the YAML (or any
+      importable module) and call it. lm-eval resolves every such tag through
+      ``lm_eval.tasks._yaml_loader._import_func_in_yml``; the guard wraps it and raises
+      :class:`UnsafeTaskCode` (naming the module file and ``flag``) for a YAML outside lm-eval's
+      installed tasks. lm-eval's own ``confirm_run_unsafe_code`` covers only tasks marked
+      ``unsafe_code`` (that execute model output), not ``!function``.
+    * lm-eval renders ``doc_to_text`` & co. with an unsandboxed Jinja environment, where a template can
+      reach ``os`` (``{{ lipsum.__globals__ ... }}``); the guard swaps in Jinja's
+      ``SandboxedEnvironment`` (same filters), so a template is data.
+
+    ``allow`` may be set while the guard is active (a ``--config`` file can confirm).
+    """
+
+    def __init__(self, allow: bool, flag: str) -> None:
+        self._allow, self.flag = bool(allow), flag
+        self._saved: tuple[Any, Any] | None = None
+        self._sandbox: Any = None
+
+    @property
+    def allow(self) -> bool:  # noqa: D102
+        return self._allow
+
+    @allow.setter
+    def allow(self, value: bool) -> None:
+        import lm_eval.utils as lm_utils
+
+        self._allow = bool(value)
+        if self._saved is not None:
+            lm_utils.env = self._saved[0] if self._allow else self._sandbox
+
+    def __enter__(self) -> _CodeGuard:
+        import lm_eval.tasks._yaml_loader as loader
+        import lm_eval.utils as lm_utils
+        from jinja2.sandbox import SandboxedEnvironment
+
+        env, real_import = lm_utils.env, loader._import_func_in_yml
+        self._sandbox = SandboxedEnvironment(
+            loader=env.loader, undefined=env.undefined, keep_trailing_newline=env.keep_trailing_newline
+        )
+        self._sandbox.filters.update(env.filters)
+        builtin = _lm_eval_task_root()
+
+        def import_func(qual: str, base_dir: Path) -> Any:
+            if not self._allow and not Path(base_dir).resolve().is_relative_to(builtin):
+                module = qual.rpartition(".")[0]
+                file = Path(base_dir) / f"{module.replace('.', '/')}.py"
+                what = str(file) if file.is_file() else f"module {module!r}"
+                raise UnsafeTaskCode(
+                    f"a task YAML in {base_dir} names `!function {qual}`, which runs Python ({what}); "
+                    f"pass {self.flag} to allow task code"
+                )
+            return real_import(qual, base_dir)
+
+        self._saved = (env, real_import)
+        loader._import_func_in_yml = import_func
+        self.allow = self._allow
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import lm_eval.tasks._yaml_loader as loader
+        import lm_eval.utils as lm_utils
+
+        assert self._saved is not None
+        lm_utils.env, loader._import_func_in_yml = self._saved
+        self._saved = None
 
 
 def _all_local(tasks: Any, include_path: Any) -> bool:
@@ -219,7 +369,10 @@ def _all_local(tasks: Any, include_path: Any) -> bool:
         return False
     names = {t for item in ([tasks] if isinstance(tasks, str) else tasks) for t in str(item).split(",")}
     roots = [Path(p) for p in ([include_path] if isinstance(include_path, str) else include_path)]
-    return names <= {t for r in roots if r.is_dir() for t in _defined_tasks(r)}
+    try:
+        return names <= {t for r in roots if r.is_dir() for t in _defined_tasks(r)}
+    except ValueError:  # a YAML we cannot read: let lm-eval index everything and report it
+        return False
 
 
 class _Loader(yaml.SafeLoader):
@@ -229,25 +382,106 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_multi_constructor("!", lambda loader, tag, node: f"{tag} {getattr(node, 'value', '')}")
 
 
-def _read_task_yaml(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, list[Path]]:
-    """A task YAML merged over its ``include`` chain, and the files read (task file first)."""
-    cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+def _load_yaml(path: Path) -> Any:
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(f"lm_eval: {path}: not readable YAML ({_one_line(e)})") from None
+
+
+def _read_task_yaml(
+    path: Path, seen: tuple[Path, ...] = (), root: Path | None = None
+) -> tuple[dict, list[Path]]:
+    """A task YAML merged over its ``include`` chain as lm-eval merges it, and the files read (task file
+    first). With ``root`` (a suite's task folder), an include must be a file inside ``root``
+    (ValueError otherwise); without it, includes that are not files are skipped."""
+    cfg = _load_yaml(path)
     cfg, files = (cfg if isinstance(cfg, dict) else {}), [path]
     inc = cfg.pop("include", None)
-    if isinstance(inc, str) and (path.parent / inc).is_file() and path not in seen:
-        base, more = _read_task_yaml(path.parent / inc, (*seen, path))
-        cfg, files = {**base, **cfg}, files + more
-    return cfg, files
+    merged: dict = {}
+    for name in [inc] if isinstance(inc, str) else inc if isinstance(inc, list) else []:
+        target = Path(name) if Path(str(name)).is_absolute() else path.parent / str(name)
+        if root is not None:
+            resolved = target.resolve()
+            if not resolved.is_relative_to(root.resolve()) or not resolved.is_file():
+                raise ValueError(
+                    f"lm_eval: {path}: include {name!r} must be a file inside the task folder {root}"
+                )
+        if not target.is_file() or path in seen or target in (*seen, path):
+            continue
+        base, more = _read_task_yaml(target, (*seen, path), root)
+        base.pop("task_list", None)
+        merged, files = {**merged, **base}, files + more
+    return {**merged, **cfg}, files
 
 
-def _defined_tasks(root: Path) -> dict[str, Path]:
-    """Task name -> YAML file, for the single-task YAMLs under ``root``."""
+def _defined_tasks(root: Path, strict: bool = False) -> dict[str, Path]:
+    """Task name -> YAML file, for the single-task YAMLs under ``root`` (``strict``: includes must stay
+    inside ``root``)."""
     found: dict[str, Path] = {}
     for path in sorted([*root.rglob("*.yaml"), *root.rglob("*.yml")]):
-        task = _read_task_yaml(path)[0].get("task")
+        if _SKIP_DIRS.intersection(path.relative_to(root).parts):
+            continue
+        task = _read_task_yaml(path, root=root if strict else None)[0].get("task")
         if isinstance(task, str):
             found.setdefault(task, path)
     return found
+
+
+def _task_files(task_dir: Path) -> list[Path]:
+    """Every file of a suite's task folder (what is copied into the run folder and fingerprinted); a file
+    that resolves outside the folder (a symlink) is a ValueError."""
+    root, files = task_dir.resolve(), []
+    for f in sorted(task_dir.rglob("*")):
+        if not f.is_file() or _SKIP_DIRS.intersection(f.relative_to(task_dir).parts):
+            continue
+        if not f.resolve().is_relative_to(root):
+            raise ValueError(f"lm_eval: {f} resolves to {f.resolve()}, outside the task folder {root}")
+        files.append(f)
+    return files
+
+
+def _tags(node: yaml.Node, seen: set[int] | None = None) -> Iterator[yaml.Node]:
+    """Every node of a composed YAML document with a local tag (``!function``, ``!anything``)."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if node.tag.startswith("!"):
+        yield node
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            yield from _tags(k, seen)
+            yield from _tags(v, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            yield from _tags(v, seen)
+
+
+def _refuse_code(task_dir: Path, files: list[Path]) -> None:
+    """ValueError naming the first file of ``task_dir`` whose tasks would run Python, and the flag."""
+    checked: set[Path] = set()
+    for path in (f for f in files if f.suffix in (".yaml", ".yml")):
+        cfg, chain = _read_task_yaml(path, root=task_dir)
+        for f in (f for f in chain if f not in checked):
+            checked.add(f)
+            try:
+                docs = list(yaml.compose_all(f.read_text(encoding="utf-8"), Loader=yaml.SafeLoader))
+            except (yaml.YAMLError, UnicodeDecodeError) as e:
+                raise ValueError(f"lm_eval: {f}: not readable YAML ({_one_line(e)})") from None
+            for node in (n for doc in docs if doc is not None for n in _tags(doc)):
+                module = str(node.value).rpartition(".")[0] if isinstance(node.value, str) else ""
+                code = f.parent / f"{module.replace('.', '/')}.py"
+                runs = f"runs {code}" if module and code.is_file() else "runs Python"
+                raise ValueError(
+                    f"lm_eval: {f}: `{node.tag} {node.value}` {runs}; suites are data only: pass "
+                    f"{SUITE_CODE_FLAG} to run task code"
+                )
+        if cfg.get("unsafe_code"):
+            raise ValueError(
+                f"lm_eval: {path}: unsafe_code is set (the task executes model-written code); pass "
+                f"{SUITE_CODE_FLAG} to run it"
+            )
 
 
 def _fill(ref: str, data_dir: str | Path | None) -> Path | None:
@@ -270,10 +504,27 @@ class LmEvalUnit(Evaluable):
     modality = "text"
     capability = "understanding"
 
-    def __init__(self, lm_eval_task: str, yaml_path: Path, task_dir: Path, num_fewshot: int | None = None):
-        self.lm_eval_task, self.task_dir = lm_eval_task, task_dir
+    def __init__(
+        self,
+        lm_eval_task: str,
+        yaml_path: Path,
+        task_dir: Path,
+        num_fewshot: int | None = None,
+        *,
+        allow_code: bool = False,
+    ):
+        """The task ``lm_eval_task`` defined by ``yaml_path`` in the folder ``task_dir``.
+
+        Raises:
+            ValueError: a file of ``task_dir`` resolves outside it, an include leaves it, or (unless
+                ``allow_code``) a task YAML there needs code (see :func:`lm_eval_units`).
+        """
+        self.lm_eval_task, self.task_dir, self.allow_code = lm_eval_task, task_dir, bool(allow_code)
         self.name = "lmeval-" + re.sub(r"[^A-Za-z0-9_.-]", "_", lm_eval_task)
-        cfg, self._files = _read_task_yaml(yaml_path)
+        task_files = _task_files(task_dir)
+        if not self.allow_code:
+            _refuse_code(task_dir, task_files)
+        cfg = _read_task_yaml(yaml_path, root=task_dir)[0]
         files = (cfg.get("dataset_kwargs") or {}).get("data_files") or []  # str | list | split -> str | list
         self._refs = [
             f
@@ -305,10 +556,13 @@ class LmEvalUnit(Evaluable):
         return True, ""
 
     def fingerprint_data(self, data_dir: str | Path | None) -> str:
-        """sha256 over the task's YAML files and the bytes of its data files."""
+        """sha256 over every file of the task folder (YAML and code: what is copied into the run folder)
+        and the bytes of the task's data files, so a changed file never reuses stale results."""
         digest = hashlib.sha256()
-        for path in self._files:
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        for path in _task_files(self.task_dir):
+            rel = path.relative_to(self.task_dir).as_posix()
+            digest.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+        digest.update(b"\0data\0")
         for ref in self._refs:
             path = _fill(ref, data_dir)
             if path is None or not path.is_file():
@@ -317,22 +571,29 @@ class LmEvalUnit(Evaluable):
         return digest.hexdigest()
 
     def _task_manager(self, data_dir: str | Path | None, work_dir: Path) -> Any:
-        """Copy the task folder with ``{data_dir}`` filled in (absolute); one TaskManager per copy."""
+        """Copy the task folder with ``{data_dir}`` filled in (absolute), removing files of an earlier
+        copy that the folder no longer has; one TaskManager per copy and content."""
         from lm_eval.tasks import TaskManager
 
         root = str(Path(data_dir).resolve()).encode() if data_dir is not None else None
         src = self.task_dir.resolve()
         dst = Path(work_dir).resolve() / f"{src.name}-{hashlib.sha256(str(src).encode()).hexdigest()[:8]}"
-        for f in (f for f in sorted(src.rglob("*")) if f.is_file()):
+        digest, copied = hashlib.sha256(), set()
+        for f in _task_files(src):
             out, data = dst / f.relative_to(src), f.read_bytes()
             if f.suffix in (".yaml", ".yml") and root is not None:
                 data = data.replace(b"{data_dir}", root)
+            copied.add(out)
+            digest.update(f.relative_to(src).as_posix().encode() + b"\0" + hashlib.sha256(data).digest())
             if not out.is_file() or out.read_bytes() != data:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_bytes(data)
-        if str(dst) not in _TASK_MANAGERS:
-            _TASK_MANAGERS[str(dst)] = TaskManager(include_path=str(dst), include_defaults=False)
-        return _TASK_MANAGERS[str(dst)]
+        for stale in [f for f in dst.rglob("*") if f.is_file() and f not in copied]:
+            stale.unlink()
+        key = f"{dst}\0{digest.hexdigest()}"
+        if key not in _TASK_MANAGERS:
+            _TASK_MANAGERS[key] = TaskManager(include_path=str(dst), include_defaults=False)
+        return _TASK_MANAGERS[key]
 
     def evaluate(
         self, model: Any, *, data_dir: str | Path | None, limit: int | None, seed: int, work_dir: Path
@@ -346,7 +607,7 @@ class LmEvalUnit(Evaluable):
             raise FileNotFoundError(reason)
         task, tm = self.lm_eval_task, self._task_manager(data_dir, work_dir)
         lm = Ernie5LM.from_eval_model(model)
-        with _quiet_lm_eval():
+        with _quiet_lm_eval(), _CodeGuard(self.allow_code, SUITE_CODE_FLAG), _sandbox_errors(task):
             out = simple_evaluate(
                 model=lm,
                 tasks=[task],
@@ -361,6 +622,7 @@ class LmEvalUnit(Evaluable):
                 numpy_random_seed=seed,
                 torch_random_seed=seed,
                 fewshot_random_seed=seed,
+                confirm_run_unsafe_code=self.allow_code,
             )
         res, higher = out["results"][task], out.get("higher_is_better", {}).get(task, {})
         n = int((out.get("n-samples", {}).get(task) or {}).get("effective", 0))
@@ -404,14 +666,51 @@ def _samples(logged: list[dict]) -> list[dict]:
     return list(by_doc.values())
 
 
-def lm_eval_units(entry: Any, suite_dir: Path) -> list[LmEvalUnit]:
-    """One unit per task of a suite's ``lm_eval`` entry (``task_dir`` is relative to ``suite_dir``)."""
+@contextlib.contextmanager
+def _sandbox_errors(task: str):
+    """A template stopped by Jinja's sandbox (see :class:`_CodeGuard`) as a one-line ValueError."""
+    from jinja2.exceptions import SecurityError
+
+    try:
+        yield
+    except SecurityError as e:
+        raise ValueError(
+            f"lm-eval task {task}: a template tried to reach Python ({_one_line(e)}); templates are data "
+            f"unless {SUITE_CODE_FLAG} is given"
+        ) from None
+
+
+def shipped_task_dir() -> Path:
+    """The project's shipped lm-eval task folder (``suites/lm_eval`` of the installed ``suites`` package)."""
+    return Path(str(importlib.resources.files("suites") / "lm_eval")).resolve()
+
+
+def lm_eval_units(entry: Any, suite_dir: Path, *, allow_code: bool = False) -> list[LmEvalUnit]:
+    """One unit per task of a suite's ``lm_eval`` entry (``task_dir`` is relative to ``suite_dir``).
+
+    Suites are data only. ``task_dir`` must resolve (symlinks followed) to a folder inside ``suite_dir``
+    or inside the shipped :func:`shipped_task_dir`, every file in it must stay inside it, and an
+    ``include`` must name a file inside it. Unless ``allow_code`` (``--confirm-run-unsafe-code`` of
+    ``ernie5 sweep`` / ``nightly``), a folder whose task YAMLs need code is refused: any ``!function``
+    tag (lm-eval would import the ``.py`` it names and run it) in a YAML or its ``include`` chain, or
+    ``unsafe_code: true`` (a task that executes model output); and while the units run, task templates
+    render in Jinja's sandbox and any ``!function`` lm-eval meets is refused (:class:`_CodeGuard`).
+
+    Raises:
+        ValueError: one line naming the ``task_dir`` or the file and the rule (or the flag) it breaks.
+    """
+    suite_root, shipped = Path(suite_dir).resolve(), shipped_task_dir()
     task_dir = (Path(suite_dir) / entry.task_dir).resolve()
-    found = _defined_tasks(task_dir)
+    if not task_dir.is_dir() or not any(task_dir.is_relative_to(r) for r in (suite_root, shipped)):
+        raise ValueError(
+            f"lm_eval: task_dir {entry.task_dir!r} (-> {task_dir}) must be a folder inside the suite's "
+            f"folder {suite_root} or the shipped {shipped}"
+        )
+    found = _defined_tasks(task_dir, strict=True)
     missing = [t for t in entry.tasks if t not in found]
     if missing:
         raise ValueError(
             f"lm_eval: task(s) {', '.join(missing)} not defined in {task_dir} "
             f"(found: {', '.join(sorted(found)) or 'none'})"
         )
-    return [LmEvalUnit(t, found[t], task_dir, entry.num_fewshot) for t in entry.tasks]
+    return [LmEvalUnit(t, found[t], task_dir, entry.num_fewshot, allow_code=allow_code) for t in entry.tasks]

@@ -11,18 +11,27 @@ Layout of ``RUN_DIR``::
     routing/<subnet>.json          expert loads: {"n_experts", "layers": [...],
                                    "tasks": {task: {"modality", "counts": {layer: [count per expert]}}}}
     report/                        written by ``ernie5 report``
+    .lock                          held (``flock``) by the sweep writing the folder (see RunLock)
 
 Subnets are named by their compact spec (``full``, ``d0.75-w0.5-k1``), which is safe in paths.
 Unit files and sample files are written atomically as soon as a unit finishes; the tables are
 rebuilt from the unit files at the end of every sweep (so a resumed sweep ends with the same
-tables as an uninterrupted one). ``metric`` values are floats; ``stderr`` may be NaN (fewer than
-two examples). ``higher_is_better`` is the task's declared direction.
+tables as an uninterrupted one), and only from the units of that sweep: the manifest's ``units``
+names them, and a unit file of an earlier sweep with another suite may stay on disk but never enters
+a table (:func:`all_units`). One sweep at a time writes a folder (:class:`RunLock`); it first removes
+what a killed run left (:func:`remove_leftovers`). ``metric`` values are floats; ``stderr`` may be
+NaN (fewer than two examples). ``higher_is_better`` is the task's declared direction.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import re
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +78,19 @@ EFFICIENCY_COLUMNS = (
     "active_params_measured",
     "flops_per_token",
     "prefill_ms",
+    "prefill_ms_low",  # interquartile range of the prefill times
+    "prefill_ms_high",
     "decode_tokens_per_s",
+    "decode_tokens_per_s_low",  # from the interquartile range of the decoding-step times
+    "decode_tokens_per_s_high",
+    "matmul_peak_flops",  # the physical bound the timings were checked against
+    "threads",
+    "status",  # ok | failed (the timings are NaN and say nothing)
+    "reason",
     "peak_memory_mb",
     "extracted_bytes",
 )
+"""The columns of ``efficiency.csv``: every key of an ``evals.efficiency.measure`` row."""
 MANIFEST_KEYS = (
     "suite",  # name
     "suite_hash",
@@ -82,6 +100,7 @@ MANIFEST_KEYS = (
     "model_config",
     "subnets",  # [{"name", "layers", "experts_per_layer", "top_k"}]
     "tasks",  # [{"name", "version", "modality", "capability", "data_hash"}]
+    "units",  # [{"subnet", "task", "fingerprint"}]: the units of this sweep, the only ones in the tables
     "data_dir",
     "seeds",
     "git_hash",
@@ -125,10 +144,29 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def all_units(run_dir: Path) -> list[dict[str, Any]]:
-    """Every readable unit record of a run, sorted by (subnet, task)."""
+def manifest_units(run_dir: Path) -> set[tuple[str, str]] | None:
+    """The (subnet, task) units the run's manifest names, or None when it names none (no manifest,
+    or one written before manifests listed their units)."""
+    try:
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+        return {(u["subnet"], u["task"]) for u in manifest["units"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def all_units(run_dir: Path, names: Iterable[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """The readable unit records of a run, sorted by (subnet, task).
+
+    Args:
+        run_dir: the run folder.
+        names: the (subnet, task) units to read; None = those the manifest names
+            (:func:`manifest_units`), or every unit file when it names none.
+    """
     root = Path(run_dir) / "units"
+    wanted = set(names) if names is not None else manifest_units(run_dir)
     recs = [r for p in sorted(root.glob("*/*.json")) if (r := read_unit(p)) is not None]
+    if wanted is not None:
+        recs = [r for r in recs if (r["subnet"], r["task"]) in wanted]
     return sorted(recs, key=lambda r: (r["subnet"], r["task"]))
 
 
@@ -162,13 +200,18 @@ def units_frame(units: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame([{c: u.get(c) for c in cols} for u in units], columns=cols)
 
 
-def write_tables(run_dir: Path, efficiency: list[dict[str, Any]] | None = None) -> pd.DataFrame:
-    """Rebuild results.csv / results.parquet / units.csv (and efficiency tables) from the units."""
+def write_tables(
+    run_dir: Path,
+    efficiency: list[dict[str, Any]] | None = None,
+    names: Iterable[tuple[str, str]] | None = None,
+) -> pd.DataFrame:
+    """Rebuild results.csv / results.parquet / units.csv (and efficiency tables) from the units
+    ``names`` (None: those of the manifest, see :func:`all_units`)."""
     run_dir = Path(run_dir)
-    units = all_units(run_dir)
+    units = all_units(run_dir, names)
     results = results_frame(units)
     write_atomic(run_dir / "results.csv", results.to_csv(index=False))
-    tmp = run_dir / ".results.parquet.tmp"
+    tmp = run_dir / f".results.parquet.tmp-{os.getpid()}"
     results.to_parquet(tmp, index=False)
     tmp.replace(run_dir / "results.parquet")
     write_atomic(run_dir / "units.csv", units_frame(units).to_csv(index=False))
@@ -182,3 +225,76 @@ def write_tables(run_dir: Path, efficiency: list[dict[str, Any]] | None = None) 
 def read_results(run_dir: Path) -> pd.DataFrame:
     """The results table of a finished run."""
     return pd.read_csv(Path(run_dir) / "results.csv")
+
+
+# ---------------------------------------------------------------------------- one writer at a time
+LOCK_FILE = ".lock"
+LEFTOVER = re.compile(r"\..+\.(tmp|old)(-\d+)?")
+"""Names of what an interrupted atomic write leaves: ``.NAME.tmp-PID`` (``write_atomic``),
+``.NAME.old-PID`` (a folder moved aside before its replacement is published)."""
+SWEEP_AREAS = ("units", "samples", "efficiency", "routing")
+"""The sub-folders a sweep writes (besides the run folder's own files)."""
+
+
+class RunLocked(Exception):
+    """Another process holds the run folder's lock. The message is one line."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``RUN_DIR/.lock``, held while a sweep writes the folder.
+
+    The lock belongs to the open file, so it is released when the process ends, however it ends; the
+    file itself stays (deleting it would let two processes lock two different files).
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip()
+            os.close(fd)
+            by = f" by process {holder}" if holder.isdigit() else ""
+            raise RunLocked(
+                f"{self.path.parent} is being written{by} (another sweep holds {self.path}); "
+                "wait for it to finish or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Unlock (idempotent)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def remove_leftovers(run_dir: str | Path) -> list[Path]:
+    """Delete the temp files and moved-aside folders a killed run left in the run folder's own files
+    and in the folders a sweep writes (:data:`SWEEP_AREAS`); call it holding the :class:`RunLock`.
+    Returns what was removed."""
+    run_dir = Path(run_dir)
+    found = [p for p in run_dir.iterdir() if LEFTOVER.fullmatch(p.name)] if run_dir.is_dir() else []
+    for area in SWEEP_AREAS:
+        if (run_dir / area).is_dir():
+            found += [p for p in (run_dir / area).rglob(".*") if LEFTOVER.fullmatch(p.name)]
+    removed = []
+    for p in sorted(found, key=lambda p: len(p.parts)):
+        if not p.exists() and not p.is_symlink():
+            continue  # inside a folder removed just before
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+        removed.append(p)
+    return removed

@@ -21,7 +21,8 @@ Subnets are the explicit ``specs`` plus the cross product of the ``grid`` (a val
 full dimension), resolved against the checkpoint by ``ernie5.subnets.resolve.resolve_specs`` (the
 one rule for when importance calibration is needed) and de-duplicated by the concrete sub-model
 they resolve to. ``lm_eval`` entries name
-lm-eval task YAMLs in ``task_dir`` (relative to the suite file); their ``data_files`` may use
+lm-eval task YAMLs in ``task_dir`` (relative to the suite file, and resolving, symlinks followed,
+inside the suite's own folder or the project's ``suites/lm_eval``); their ``data_files`` may use
 ``{data_dir}``, which the sweep fills in with the absolute data root (lm-eval resolves relative
 paths against the working directory, not the YAML).
 """
@@ -38,6 +39,7 @@ from typing import Any
 from ernie5.config import ConfigError, from_dict, read_yaml
 from ernie5.model.config import ModelConfig
 from ernie5.model.elastic import Subnet, SubnetError, SubnetSpec, parse_subnet
+from ernie5.presets import is_path
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -160,17 +162,44 @@ def suite_names() -> list[str]:
 
 
 def resolve_suite_path(name_or_path: str | Path) -> Path:
-    """A shipped suite name or a YAML path -> the file."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    """A shipped suite name or a YAML path -> the file. A path contains a ``/`` or ends in ``.yaml``
+    (:func:`ernie5.presets.is_path`); anything else is a name, never looked up in the current folder."""
+    if is_path(name_or_path):
+        p = Path(name_or_path)
         if not p.is_file():
             raise ConfigError(f"suite file not found: {name_or_path}")
         return p
     if str(name_or_path) in suite_names():
         return Path(str(resources.files("suites") / f"{name_or_path}.yaml"))
     raise ConfigError(
-        f"unknown suite {str(name_or_path)!r} (suites: {', '.join(suite_names())}; or a YAML file)"
+        f"unknown suite {str(name_or_path)!r} (suites: {', '.join(suite_names())}; "
+        "or a YAML file: a path with a '/' or ending in .yaml)"
     )
+
+
+def shipped_lm_eval_dir() -> Path:
+    """The project's own lm-eval task folder (``suites/lm_eval``), symlinks resolved."""
+    return Path(str(resources.files("suites") / "lm_eval")).resolve()
+
+
+def _check_task_dir(suite_path: Path, task_dir: str) -> None:
+    """An lm-eval ``task_dir`` (and every file in it) must resolve inside the suite's own folder or the
+    project's ``suites/lm_eval``: a suite is data, and a task folder may hold code lm-eval imports."""
+    folder = (suite_path.parent / task_dir).resolve()
+    roots = (suite_path.parent.resolve(), shipped_lm_eval_dir())
+    where = f"the suite's folder {roots[0]} or {roots[1]}"
+    if not folder.is_dir():
+        raise ConfigError(f"{suite_path}: lm_eval.task_dir {task_dir!r} is not a folder next to the suite")
+    if not any(folder.is_relative_to(r) for r in roots):
+        raise ConfigError(
+            f"{suite_path}: lm_eval.task_dir {task_dir!r} resolves to {folder}, outside {where}"
+        )
+    for f in sorted(folder.rglob("*")):
+        target = f.resolve()
+        if not any(target.is_relative_to(r) for r in roots):
+            raise ConfigError(
+                f"{suite_path}: lm_eval.task_dir {task_dir!r}: {f} links to {target}, outside {where}"
+            )
 
 
 def load_suite(name_or_path: str | Path) -> LoadedSuite:
@@ -193,10 +222,7 @@ def load_suite(name_or_path: str | Path) -> LoadedSuite:
         except SubnetError as e:
             raise ConfigError(f"{path}: subnets.specs: {e}") from None
     for entry in cfg.lm_eval:
-        if not (path.parent / entry.task_dir).is_dir():
-            raise ConfigError(
-                f"{path}: lm_eval.task_dir {entry.task_dir!r} is not a folder next to the suite"
-            )
+        _check_task_dir(path, entry.task_dir)
     return LoadedSuite(cfg, path, path.read_text(encoding="utf-8"))
 
 

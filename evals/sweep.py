@@ -9,13 +9,21 @@ efficiency and rebuild the tables (``evals.results`` documents the folder).
 The fingerprint of a unit is a hash of the checkpoint hash, the concrete sub-model (kept layers,
 kept experts, top-k), the task name, version and options, the hash of its data files, the limit,
 the seed, the batch size and the adapter version. ``--resume`` and running again into the same
-folder are the same thing: matching units are skipped, others recomputed. A task whose data is
-missing is recorded as ``skipped`` with the reason; a task that raises is recorded as ``error``
-with the message, and the sweep goes on.
+folder are the same thing: matching units are skipped, others recomputed (an ``error`` unit is
+always recomputed: a fixed bug does not change a fingerprint). A task whose data is missing is
+recorded as ``skipped`` with the reason; a task that raises is recorded as ``error`` with the
+message, the sweep goes on, and :attr:`SweepSummary.failed` lists it (``ernie5 sweep`` then exits 3).
+
+One sweep writes a run folder at a time: it holds the folder's lock (``evals.results.RunLock``) from
+before its first write to its last, and first removes the temp files a killed run left. The tables,
+the efficiency rows and the routing records are built from this sweep's units only (the manifest
+lists them); unit files of an earlier sweep with another suite stay on disk, outside every table.
 
 Data parallel: under ``accelerate launch --multi_gpu --num_processes N`` unit ``i`` runs on
 process ``i mod N`` (each with its own response-cache connection); process 0 then measures
-efficiency and merges, so the tables equal a one-process run's.
+efficiency and merges, so the tables equal a one-process run's. Process 0 takes the lock and the
+others learn from it whether it got it, so the processes of one launch write together and a second
+launch fails on every process before writing anything.
 """
 
 from __future__ import annotations
@@ -36,8 +44,8 @@ from ernie5.store.runs import append_jsonl, provenance, write_json
 from ernie5.subnets.resolve import resolve_specs
 from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
 from evals.cache import CachedModel, ResponseCache
-from evals.efficiency import measure
-from evals.results import read_unit, unit_path, write_tables, write_unit
+from evals.efficiency import MEASURE_VERSION, measure
+from evals.results import RunLock, read_unit, remove_leftovers, unit_path, write_tables, write_unit
 from evals.suite import LoadedSuite, distinct_subnets, load_suite, subnet_specs
 from evals.task import TASKS, Evaluable
 
@@ -72,6 +80,8 @@ class SweepSummary:
     cache_hits: int = 0
     cache_misses: int = 0
     error_messages: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    """``subnet/task: reason`` of every unit of the sweep recorded as an error (all processes)."""
 
     @property
     def overhead_share(self) -> float:
@@ -107,8 +117,11 @@ def plan_units(
     data_dir,
     limit: int | None,
     capabilities: set[str] | None = None,
+    *,
+    allow_code: bool = False,
 ) -> list[UnitPlan]:
-    """Every unit of the sweep with its fingerprint, sub-model-major."""
+    """Every unit of the sweep with its fingerprint, sub-model-major. ``allow_code`` lets lm-eval
+    tasks that run Python from their task folder (``!function``) be planned."""
     cfg = loaded.cfg
     tasks = []
     for entry in cfg.tasks:
@@ -118,7 +131,13 @@ def plan_units(
             c for c in getattr(task, "requires", ()) if capabilities is not None and c not in capabilities
         ]
         if ok and missing:
-            ok, reason = False, f"the checkpoint has no {' or '.join(missing)} (task {task.name} needs it)"
+            ok, reason = (
+                False,
+                (
+                    f"the checkpoint has no {' or '.join(missing)} module; to get it: evaluate a checkpoint "
+                    f"trained with {' and '.join(missing)} (the preset mini_all trains every modality)"
+                ),
+            )
         data_hash = task.fingerprint_data(data_dir) if ok else ""
         lim = entry.limit if limit is None else min(limit, entry.limit or limit)
         seed = cfg.seed if entry.seed is None else entry.seed
@@ -127,7 +146,7 @@ def plan_units(
         from evals.lm_eval_bridge import lm_eval_units
 
         for entry in cfg.lm_eval:
-            for unit in lm_eval_units(entry, loaded.path.parent):
+            for unit in lm_eval_units(entry, loaded.path.parent, allow_code=allow_code):
                 ok, reason = unit.available(data_dir)
                 data_hash = unit.fingerprint_data(data_dir) if ok else ""
                 lim = entry.limit if limit is None else min(limit, entry.limit or limit)
@@ -185,8 +204,18 @@ def run_sweep(
     cache_path: str | Path | None = None,
     quiet: bool = False,
     argv: list[str] | None = None,
+    confirm_run_unsafe_code: bool = False,
 ) -> SweepSummary:
-    """Evaluate every unit of ``suite`` on ``checkpoint`` into ``out`` (resuming what matches)."""
+    """Evaluate every unit of ``suite`` on ``checkpoint`` into ``out`` (resuming what matches).
+
+    ``confirm_run_unsafe_code`` allows lm-eval tasks whose folder holds code they run.
+
+    Raises:
+        ConfigError: a bad suite, sub-model or ``limit`` (nothing written).
+        RunLocked: another sweep is writing ``out`` (nothing written).
+    """
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit={limit}: expected an integer >= 1")
     t_start = time.perf_counter()
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     loaded = load_suite(suite)
@@ -198,10 +227,103 @@ def run_sweep(
         subnets = distinct_subnets(resolve_specs(subnet_specs(cfg.subnets), ckpt, data_dir), ckpt.cfg)
     except SubnetError as e:
         raise ConfigError(f"{loaded.path}: {e}") from None
-    units = plan_units(loaded, ckpt_hash, subnets, data_dir, limit, model_capabilities(ckpt))
+    units = plan_units(
+        loaded,
+        ckpt_hash,
+        subnets,
+        data_dir,
+        limit,
+        model_capabilities(ckpt),
+        allow_code=confirm_run_unsafe_code,
+    )
     dist = init_dist()
     run_dir = Path(out)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(run_dir, dist)
+    try:
+        summary = _evaluate_units(ckpt, ckpt_hash, cfg, units, data_dir, run_dir, dist, cache_path, quiet)
+        if dist.main:
+            names = [(u.name, u.task.name) for u in units]
+            efficiency = (
+                _efficiency(ckpt, subnets, cfg, run_dir, ckpt_hash, names) if cfg.efficiency.enabled else None
+            )
+            _write_routing(run_dir, subnets, ckpt.cfg.moe.n_experts, names)
+            write_tables(run_dir, efficiency, names)
+            manifest = {
+                **provenance(cfg.seed, argv),
+                "suite": cfg.name,
+                "suite_hash": loaded.hash,
+                "suite_yaml": loaded.text,
+                "checkpoint": str(ckpt.path),
+                "checkpoint_hash": ckpt_hash,
+                "model_config": to_dict(ckpt.cfg),
+                "subnets": [
+                    {
+                        "name": s.name,
+                        "layers": list(s.layers),
+                        "top_k": s.top_k,
+                        "experts_per_layer": [
+                            len(e) if e is not None else ckpt.cfg.moe.n_experts for e in s.experts
+                        ],
+                    }
+                    for s in subnets
+                ],
+                "tasks": [
+                    {
+                        "name": u.task.name,
+                        "version": u.task.version,
+                        "modality": u.task.modality,
+                        "capability": u.task.capability,
+                        "data_hash": u.data_hash,
+                        "available": u.available,
+                    }
+                    for u in units[: len(units) // max(1, len(subnets))]
+                ],
+                "units": [
+                    {"subnet": u.name, "task": u.task.name, "fingerprint": u.fingerprint} for u in units
+                ],
+                "data_dir": str(data_dir) if data_dir else None,
+                "seeds": sorted({u.seed for u in units}),
+                "world_size": dist.world,
+                "started": started,
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "wall_s": time.perf_counter() - t_start,
+            }
+            write_json(run_dir / "manifest.json", manifest)
+    finally:
+        if lock is not None:
+            lock.release()
+    return summary
+
+
+def _lock(run_dir: Path, dist) -> RunLock | None:
+    """Process 0 locks ``run_dir`` and removes a killed run's leftovers; every process of the launch
+    then learns whether it could, so all of them go on or all of them raise its error
+    (``evals.results.RunLocked`` when another sweep holds the folder)."""
+    lock, error = None, None
+    if dist.main:
+        try:
+            lock = RunLock(run_dir)
+            remove_leftovers(run_dir)
+        except Exception as e:  # noqa: BLE001 - every process raises it below
+            error = e
+    if dist.world > 1:
+        import torch.distributed
+
+        box = [error]
+        torch.distributed.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        if lock is not None:
+            lock.release()
+        raise error
+    return lock
+
+
+def _evaluate_units(
+    ckpt, ckpt_hash: str, cfg, units: list[UnitPlan], data_dir, run_dir: Path, dist, cache_path, quiet: bool
+) -> SweepSummary:
+    """Evaluate this process's share of ``units`` (reusing the done ones), wait for the others, and
+    list every unit of the sweep recorded as an error."""
     cache = ResponseCache(cache_path or run_dir / "cache.sqlite")
     models = {}  # subnet name -> the cached adapter bound to it (one supernet in memory)
     summary = SweepSummary(run_dir, len(units))
@@ -213,7 +335,11 @@ def run_sweep(
         bar = tqdm(total=len(mine), desc=f"sweep {cfg.name}", unit="unit", dynamic_ncols=True)
     for plan in mine:
         existing = read_unit(unit_path(run_dir, plan.name, plan.task.name))
-        if existing is not None and existing["fingerprint"] == plan.fingerprint:
+        if (
+            existing is not None
+            and existing["fingerprint"] == plan.fingerprint
+            and existing["status"] != "error"
+        ):
             summary.reused += 1
         elif not plan.available:
             write_unit(run_dir, _record(plan, "skipped", plan.reason), [])
@@ -234,48 +360,10 @@ def run_sweep(
     summary.cache_misses = sum(m.misses for m in models.values())
     cache.close()
     dist.barrier()
-    if dist.main:
-        efficiency = _efficiency(ckpt, subnets, cfg, run_dir, ckpt_hash) if cfg.efficiency.enabled else None
-        _write_routing(run_dir, subnets, ckpt.cfg.moe.n_experts)
-        write_tables(run_dir, efficiency)
-        manifest = {
-            **provenance(cfg.seed, argv),
-            "suite": cfg.name,
-            "suite_hash": loaded.hash,
-            "suite_yaml": loaded.text,
-            "checkpoint": str(ckpt.path),
-            "checkpoint_hash": ckpt_hash,
-            "model_config": to_dict(ckpt.cfg),
-            "subnets": [
-                {
-                    "name": s.name,
-                    "layers": list(s.layers),
-                    "top_k": s.top_k,
-                    "experts_per_layer": [
-                        len(e) if e is not None else ckpt.cfg.moe.n_experts for e in s.experts
-                    ],
-                }
-                for s in subnets
-            ],
-            "tasks": [
-                {
-                    "name": u.task.name,
-                    "version": u.task.version,
-                    "modality": u.task.modality,
-                    "capability": u.task.capability,
-                    "data_hash": u.data_hash,
-                    "available": u.available,
-                }
-                for u in units[: len(units) // max(1, len(subnets))]
-            ],
-            "data_dir": str(data_dir) if data_dir else None,
-            "seeds": sorted({u.seed for u in units}),
-            "world_size": dist.world,
-            "started": started,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "wall_s": time.perf_counter() - t_start,
-        }
-        write_json(run_dir / "manifest.json", manifest)
+    for plan in units:
+        rec = read_unit(unit_path(run_dir, plan.name, plan.task.name))
+        if rec is not None and rec.get("status") == "error":
+            summary.failed.append(f"{plan.name}/{plan.task.name}: {rec.get('reason', '')}")
     return summary
 
 
@@ -316,20 +404,30 @@ def _compute(model: CachedModel, plan: UnitPlan, data_dir, run_dir: Path, summar
     summary.model_s += fields.get("model_s", 0.0)
 
 
-def _efficiency(ckpt, subnets: list[Subnet], cfg, run_dir: Path, ckpt_hash: str) -> list[dict]:
+def _efficiency(
+    ckpt, subnets: list[Subnet], cfg, run_dir: Path, ckpt_hash: str, names: list[tuple[str, str]]
+) -> list[dict]:
     from evals.results import all_units
 
-    units = all_units(run_dir)
+    units = all_units(run_dir, names)
     rows = []
     for sub in subnets:
-        fp = _hash({"checkpoint": ckpt_hash, "subnet": subnet_identity(sub), "cfg": to_dict(cfg.efficiency)})
+        fp = _hash(
+            {
+                "checkpoint": ckpt_hash,
+                "subnet": subnet_identity(sub),
+                "cfg": to_dict(cfg.efficiency),
+                "method": MEASURE_VERSION,
+            }
+        )
         path = run_dir / "efficiency" / f"{sub.name}.json"
         try:
             cached = json.loads(path.read_text())
-            if cached.get("fingerprint") == fp:
+            # A failed measurement is taken again, as an error unit is (the machine may be quieter now).
+            if cached.get("fingerprint") == fp and cached["row"].get("status") == "ok":
                 rows.append(cached["row"])
                 continue
-        except (OSError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
             pass
         counts: dict[int, list[int]] = {}
         tokens = 0
@@ -345,10 +443,19 @@ def _efficiency(ckpt, subnets: list[Subnet], cfg, run_dir: Path, ckpt_hash: str)
     return rows
 
 
-def _write_routing(run_dir: Path, subnets: list[Subnet], n_experts: int) -> None:
+def _write_routing(
+    run_dir: Path, subnets: list[Subnet], n_experts: int, names: list[tuple[str, str]]
+) -> None:
+    """``routing/<subnet>.json`` of this sweep's sub-models from this sweep's units; a routing record
+    of a sub-model not in the sweep (or one without routing now) is removed, as it is a table."""
     from evals.results import all_units
 
-    units = all_units(run_dir)
+    units = all_units(run_dir, names)
+    keep = {f"{sub.name}.json" for sub in subnets}
+    if (run_dir / "routing").is_dir():
+        for path in (run_dir / "routing").glob("*.json"):
+            if path.name not in keep:
+                path.unlink()
     for sub in subnets:
         tasks = {}
         for u in units:
@@ -358,8 +465,8 @@ def _write_routing(run_dir: Path, subnets: list[Subnet], n_experts: int) -> None
                     "tokens": u["routing"]["tokens"],
                     "counts": u["routing"]["counts"],
                 }
+        path = run_dir / "routing" / f"{sub.name}.json"
         if tasks:
-            write_json(
-                run_dir / "routing" / f"{sub.name}.json",
-                {"n_experts": n_experts, "layers": [i for i in sub.layers], "tasks": tasks},
-            )
+            write_json(path, {"n_experts": n_experts, "layers": [i for i in sub.layers], "tasks": tasks})
+        else:
+            path.unlink(missing_ok=True)

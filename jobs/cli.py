@@ -1,7 +1,8 @@
 """The one command-line entry: ``ernie5 <command>``.
 
 Each subcommand parses its arguments and calls one library function. Bad input is a one-line
-``ernie5 <command>: error: ...`` on stderr with exit code 2 and no traceback.
+``ernie5 <command>: error: ...`` on stderr with exit code 2 and no traceback; :data:`EXIT_CODES`
+lists every exit code (``ernie5 --help`` prints them).
 
 It sits on the top layer (``jobs``), above ``train``, ``evals`` and ``reports``, which it imports
 lazily inside the command handlers so that ``ernie5 --help`` stays fast.
@@ -13,10 +14,26 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 
-EXIT_BAD_INPUT = 2
+EXIT_OK = 0
 EXIT_REGRESSION = 1
+EXIT_BAD_INPUT = 2
+EXIT_EVAL_FAILED = 3
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_REGRESSION: "`compare --fail-on-regression` found a significant regression",
+    EXIT_BAD_INPUT: "bad input: an argument, config, suite, checkpoint, data root or --out that cannot be "
+    "used, or a file that cannot be read or written (one line on stderr, nothing already written lost)",
+    EXIT_EVAL_FAILED: "evaluation failed: `sweep` or `nightly` recorded at least one unit as an error "
+    "(tables and report are still written; units.csv and units/ hold the messages)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_BROKEN_PIPE: "stdout was closed by its reader (e.g. `| head`)",
+}
+"""Every exit code of ``ernie5`` and what it means (the ``--help`` epilog and the README list them)."""
 
 
 class CLIError(Exception):
@@ -25,7 +42,8 @@ class CLIError(Exception):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from ernie5.config import ConfigError
-    from ernie5.data.root import DataMissing
+    from ernie5.data.root import DataDirError, DataMissing
+    from ernie5.generation.text import GenerationError
     from ernie5.model.elastic import SubnetError
     from ernie5.store.checkpoint import CheckpointError
     from ernie5.tokenizers.text import TokenizerError
@@ -36,17 +54,42 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         SubnetError,
         CheckpointError,
         DataMissing,
+        DataDirError,
+        GenerationError,
         TokenizerError,
     ]
     from ernie5.data.text import DataCorrupt
     from ernie5.tokenizers.refiner import RefinerError
     from ernie5.tokenizers.vision import VisionTokenizerError
     from evals.adapter import EvalInputError
+    from evals.results import RunLocked
     from reports.load import ReportError
     from train.loop import RunError
 
     errors += [DataCorrupt, EvalInputError, RunError, ReportError, RefinerError, VisionTokenizerError]
-    return tuple(errors)
+    return (*errors, RunLocked)
+
+
+def _check_out(out: str | Path, flag: str = "--out") -> Path:
+    """``out`` as a Path if it can be a folder this process writes, else a :class:`CLIError` naming it:
+    checked before any work, so that hours of training or evaluation do not end in a traceback."""
+    p = Path(out)
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "exists and is not a folder" if probe == p else f"cannot be created: {probe} is not a folder"
+        raise CLIError(f"{flag} {out}: {where}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "is not writable" if probe == p else f"cannot be created: {probe} is not writable"
+        raise CLIError(f"{flag} {out}: {what}")
+    return p
+
+
+def _os_error_line(e: OSError) -> str:
+    """One line for a file-system error: what failed on which path."""
+    paths = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{e.strerror or type(e).__name__}: {paths}"
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -93,6 +136,7 @@ def cmd_train(args) -> int:
     """``ernie5 train``."""
     from train.loop import pretrain
 
+    _check_out(args.out)
     cfg = _load_run_config(args.config, args.set or [])
     last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
     if last:
@@ -104,7 +148,7 @@ def _train_component(args, config_cls, train_fn, **kwargs) -> int:
     """Shared body of the ``train-*`` commands: a new --out folder, a strict config, a JSON summary."""
     from ernie5.config import load
 
-    out = Path(args.out)
+    out = _check_out(args.out)
     if out.exists() and any(out.iterdir()):
         raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
     cfg = load(config_cls, args.config, args.set or [])
@@ -166,7 +210,7 @@ def cmd_extract(args) -> int:
     """``ernie5 extract``."""
     from ernie5.subnets.extract import extract_checkpoint
 
-    out = Path(args.out)
+    out = _check_out(args.out)
     if out.exists():
         raise CLIError(f"--out {out} already exists; choose a new folder (nothing is overwritten)")
     report = extract_checkpoint(args.checkpoint, args.subnet, out, data_dir=args.data_dir)
@@ -178,6 +222,10 @@ def cmd_generate(args) -> int:
     """``ernie5 generate``."""
     from ernie5.generation.text import generate_text
 
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens {args.max_new_tokens}: expected an integer >= 1")
+    if not args.temperature >= 0:
+        raise CLIError(f"--temperature {args.temperature}: expected a number >= 0 (0 = greedy)")
     text, info = generate_text(
         args.checkpoint,
         args.prompt,
@@ -249,10 +297,14 @@ def cmd_tasks(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``ernie5 sweep``."""
+    from evals.results import LOCK_FILE
     from evals.sweep import run_sweep
 
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.resume and not (out / "units").is_dir():
+    if args.limit is not None and args.limit < 1:
+        raise CLIError(f"--limit {args.limit}: expected an integer >= 1")
+    out = _check_out(args.out)
+    is_run = (out / "units").is_dir() or (out / LOCK_FILE).is_file()
+    if out.exists() and any(out.iterdir()) and not args.resume and not is_run:
         raise CLIError(f"--out {out} exists and is not a sweep run folder; choose a new folder")
     summary = run_sweep(
         args.checkpoint,
@@ -263,9 +315,22 @@ def cmd_sweep(args) -> int:
         cache_path=args.cache,
         quiet=args.quiet,
         argv=sys.argv,
+        confirm_run_unsafe_code=args.confirm_run_unsafe_code,
     )
     print(json.dumps(_sweep_summary(summary)))
-    return 0
+    return _failed_units("sweep", summary.failed, summary.n_units, summary.run_dir)
+
+
+def _failed_units(command: str, failed: list[str], n_units: int, run_dir) -> int:
+    """Exit 3 with a one-line summary when any unit of the sweep is an error, else 0."""
+    if not failed:
+        return EXIT_OK
+    print(
+        f"ernie5 {command}: error: {len(failed)} of {n_units} units failed (first: {failed[0]}); "
+        f"see {Path(run_dir) / 'units.csv'}",
+        file=sys.stderr,
+    )
+    return EXIT_EVAL_FAILED
 
 
 def _sweep_summary(s) -> dict:
@@ -295,6 +360,10 @@ def cmd_report(args) -> int:
     """``ernie5 report``."""
     from reports import build_report
 
+    if args.out is not None:
+        _check_out(args.out)
+    elif Path(args.run_dir).is_dir():
+        _check_out(Path(args.run_dir) / "report", "report folder")
     out = build_report(args.run_dir, args.out)
     print(out / "index.html")
     return 0
@@ -304,6 +373,8 @@ def cmd_compare(args) -> int:
     """``ernie5 compare``: with --fail-on-regression, exit 1 on any significant regression."""
     from reports import compare_runs
 
+    if args.out is not None:
+        _check_out(args.out)
     result = compare_runs(args.base_run, args.new_run, args.out)
     print(result.summary_markdown)
     print(f"written to {result.out_dir}", file=sys.stderr)
@@ -314,21 +385,33 @@ def cmd_nightly(args) -> int:
     """``ernie5 nightly``: the main job."""
     from jobs.nightly import run_nightly
 
-    run_nightly(
+    if args.out is not None:
+        _check_out(args.out)
+    result = run_nightly(
         checkpoint=args.checkpoint,
         suite=args.suite,
         data_dir=args.data_dir,
         out=args.out,
         baseline=getattr(args, "baseline", None),
         quiet=args.quiet,
+        confirm_run_unsafe_code=args.confirm_run_unsafe_code,
     )
-    return 0
+    return _failed_units("nightly", result["failed_units"], result["units"], result["run_dir"])
 
 
 # ---------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every command."""
-    p = argparse.ArgumentParser(prog="ernie5", description=__doc__.splitlines()[0])
+    epilog = "exit codes:\n" + "\n".join(
+        textwrap.fill(what, 100, initial_indent=f"  {code:<4} ", subsequent_indent=" " * 7)
+        for code, what in EXIT_CODES.items()
+    )
+    p = argparse.ArgumentParser(
+        prog="ernie5",
+        description=__doc__.splitlines()[0],
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="pretrain a model (elastic sampling, MTP, aux-free balancing)")
@@ -395,9 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint", required=True)
     g.add_argument("--subnet", default=None)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (>= 1)")
     g.add_argument("--speculative", action="store_true", help="MTP self-speculative decoding (greedy)")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 samples")
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(fn=cmd_generate)
 
@@ -441,12 +524,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="run folder (units already there with a matching fingerprint are kept)"
     )
     sw.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
-    sw.add_argument("--limit", type=int, help="cap the examples of every task")
+    sw.add_argument("--limit", type=int, help="cap the examples of every task (>= 1)")
     sw.add_argument(
         "--resume", action="store_true", help="continue a run folder (same as running into it again)"
     )
     sw.add_argument("--cache", help="response cache file (default: RUN_DIR/cache.sqlite)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument(
+        "--confirm-run-unsafe-code",
+        action="store_true",
+        help="allow the suite's lm-eval tasks to run Python from their task folder (`!function`)",
+    )
     sw.set_defaults(fn=cmd_sweep)
 
     le = sub.add_parser(
@@ -479,6 +567,11 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--out", default=None, help="run folder (default: runs/nightly-<date>)")
     n.add_argument("--baseline", help="an earlier run folder to compare against")
     n.add_argument("--quiet", action="store_true")
+    n.add_argument(
+        "--confirm-run-unsafe-code",
+        action="store_true",
+        help="allow the suite's lm-eval tasks to run Python from their task folder (`!function`)",
+    )
     n.set_defaults(fn=cmd_nightly)
     return p
 
@@ -502,6 +595,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "data_dir"):
+            from ernie5.data.root import resolve_data_dir
+
+            resolve_data_dir(args.data_dir)  # a root that is not a folder is bad input, before any work
         return args.fn(args)
     except _user_errors() as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -509,11 +606,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"ernie5 {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`ernie5 params --json | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return EXIT_BROKEN_PIPE
+    except OSError as e:
+        if e.filename is None:  # not about a file or folder: a real failure, keep its traceback
+            raise
+        print(f"ernie5 {args.command}: error: {_os_error_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

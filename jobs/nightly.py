@@ -142,8 +142,13 @@ def run_nightly(
     out: str | Path | None = None,
     baseline: str | Path | None = None,
     quiet: bool = False,
+    confirm_run_unsafe_code: bool = False,
 ) -> dict:
-    """Run the main job; returns its summary (also written to ``RUN_DIR/nightly.json``)."""
+    """Run the main job; returns its summary (also written to ``RUN_DIR/nightly.json``).
+
+    ``failed_units`` lists the sweep's units recorded as errors (``subnet/task: reason``); the report
+    is written either way. ``confirm_run_unsafe_code`` is passed to :func:`evals.sweep.run_sweep`.
+    """
     from evals.sweep import run_sweep
 
     t0 = time.perf_counter()
@@ -152,7 +157,15 @@ def run_nightly(
     if checkpoint is None:
         checkpoint = ensure_model(data_dir, quiet)
     t_model = time.perf_counter() - t0
-    summary = run_sweep(checkpoint, suite, out, data_dir=data_dir, quiet=quiet, argv=sys.argv)
+    summary = run_sweep(
+        checkpoint,
+        suite,
+        out,
+        data_dir=data_dir,
+        quiet=quiet,
+        argv=sys.argv,
+        confirm_run_unsafe_code=confirm_run_unsafe_code,
+    )
     result = {
         "run_dir": str(out),
         "checkpoint": str(checkpoint),
@@ -164,6 +177,7 @@ def run_nightly(
         "reused": summary.reused,
         "skipped": summary.skipped,
         "errors": summary.errors,
+        "failed_units": summary.failed,
         "harness_overhead_share": round(summary.overhead_share, 4),
     }
     from reports import build_report, compare_runs

@@ -36,6 +36,10 @@ from ernie5.subnets.resolve import load_subnet
 from ernie5.tokenizers.special import BOS, EOS, PAD
 
 
+class GenerationError(ValueError):
+    """Bad arguments to :func:`generate_text` (one-line message naming the value and what is expected)."""
+
+
 @dataclass
 class SpeculativeStats:
     """Counts of one speculative generation."""
@@ -246,16 +250,34 @@ def generate_text(
     temperature: float = 0.0,
     seed: int = 0,
 ) -> tuple[str, dict]:
-    """Generate a continuation of ``prompt``; returns the text and decoding stats."""
+    """Generate a continuation of ``prompt``; returns the text and decoding stats.
+
+    Raises:
+        GenerationError: ``max_new_tokens`` < 1, ``temperature`` negative or not a number, the prompt
+            plus ``max_new_tokens`` longer than the model's context, or ``speculative`` on a model
+            without MTP.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise GenerationError(f"max_new_tokens={max_new_tokens!r}: expected an integer >= 1")
+    if not temperature >= 0:  # also NaN
+        raise GenerationError(f"temperature={temperature!r}: expected a number >= 0 (0 = greedy)")
     ckpt, sub = load_subnet(checkpoint, subnet)
     if ckpt.tokenizer is None:
         raise CheckpointError(f"{ckpt.path}: no tokenizer.json, cannot encode a text prompt")
     model = ckpt.model.eval()
     ids = [BOS, *ckpt.tokenizer.encode(prompt)]
+    room = model.cfg.max_seq_len - len(ids) - (2 if speculative else 0)
+    if max_new_tokens > room:
+        raise GenerationError(
+            f"max_new_tokens={max_new_tokens}: the prompt takes {len(ids)} of the model's "
+            f"max_seq_len={model.cfg.max_seq_len} positions; expected at most {max(room, 0)}"
+        )
     info: dict = {"subnet": sub.name}
     if speculative:
         if temperature > 0:
             raise CheckpointError("--speculative decodes greedily; drop --temperature")
+        if not model.mtp:
+            raise GenerationError("speculative decoding needs a model with an MTP module (mtp.n_depth >= 1)")
         new, stats = speculative_generate(model, ids, max_new_tokens, subnet=sub, eos_id=EOS)
         info.update(
             acceptance_rate=round(stats.acceptance_rate, 4), drafted=stats.drafted, forwards=stats.forwards

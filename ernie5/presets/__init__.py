@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -16,15 +17,24 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".yaml"))
 
 
-def resolve_config_path(name_or_path: str) -> Path:
-    """A preset name or a YAML file path -> the file to read."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+def is_path(name_or_path: str | Path) -> bool:
+    """Whether a ``--config``/``--suite`` value is a file path rather than a shipped name: it contains
+    a ``/`` (or the platform's separator) or ends in ``.yaml``/``.yml``. A name is never looked up in
+    the current directory, so a folder called ``micro`` there does not shadow the preset."""
+    s = str(name_or_path)
+    return "/" in s or os.sep in s or s.endswith((".yaml", ".yml"))
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """A preset name or a YAML file path (see :func:`is_path`) -> the file to read."""
+    if is_path(name_or_path):
+        p = Path(name_or_path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {name_or_path}")
         return p
-    if name_or_path in preset_names():
+    if str(name_or_path) in preset_names():
         return Path(str(resources.files(__name__) / f"{name_or_path}.yaml"))
     raise ConfigError(
-        f"unknown preset {name_or_path!r} (presets: {', '.join(preset_names())}; or a YAML file)"
+        f"unknown preset {str(name_or_path)!r} (presets: {', '.join(preset_names())}; "
+        "or a YAML file: a path with a '/' or ending in .yaml)"
     )

@@ -112,6 +112,7 @@ routing: true
 def test_sweep_over_audio_tasks(audio_ckpt, micro_text_ckpt, tmp_path):
     suite = tmp_path / "suite.yaml"
     suite.write_text(AUDIO_SUITE)
+    (tmp_path / "no-data").mkdir()  # an empty data root
     res = run_sweep(audio_ckpt, suite, tmp_path / "a", data_dir=tmp_path / "no-data", quiet=True)
     assert res.errors == 0 and res.computed == 8
     df = pd.read_csv(tmp_path / "a" / "results.csv")

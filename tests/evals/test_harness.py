@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import shutil
 from pathlib import Path
@@ -172,6 +173,7 @@ efficiency: {enabled: true, prompt_len: 8, decode_tokens: 4, repeats: 1}
 
 def test_sweep_writes_the_contract_and_is_deterministic(micro_ckpt, tmp_path):
     suite = _suite(tmp_path, SMALL)
+    (tmp_path / "no-data").mkdir()  # an empty data root
     a = run_sweep(micro_ckpt, suite, tmp_path / "a", data_dir=tmp_path / "no-data", quiet=True)
     run_sweep(micro_ckpt, suite, tmp_path / "b", data_dir=tmp_path / "no-data", quiet=True)
     assert a.computed == 4 and a.skipped == 2 and a.errors == 0  # shakespeare skipped twice (no data)
@@ -185,10 +187,35 @@ def test_sweep_writes_the_contract_and_is_deterministic(micro_ckpt, tmp_path):
         manifest
     )
     eff = pd.read_csv(tmp_path / "a" / "efficiency.csv")
-    assert set(eff["subnet"]) == {"full", "k1"} and (eff["decode_tokens_per_s"] > 0).all()
+    assert set(eff["subnet"]) == {"full", "k1"} and set(eff["status"]) <= {"ok", "failed"}
+    ok = eff["status"] == "ok"  # a failed measurement (a busy machine) is NaN with its reason
+    assert (eff.loc[ok, "decode_tokens_per_s"] > 0).all() and eff.loc[~ok, "decode_tokens_per_s"].isna().all()
     assert (tmp_path / "a" / "routing" / "full.json").is_file()
     samples = (tmp_path / "a" / "samples" / "full" / "arith_d1.jsonl").read_text().splitlines()
     assert len(samples) == 6 and {"id", "scores", "sample"} <= set(json.loads(samples[0]))
+
+
+def test_a_failed_efficiency_measurement_is_taken_again_next_run(micro_ckpt, tmp_path, monkeypatch):
+    import evals.sweep
+
+    real, calls = evals.sweep.measure, []
+
+    def measure(model, sub, *args, **kwargs):
+        row = real(model, sub, *args, **kwargs)
+        calls.append(sub.name)
+        if len(calls) == 1:  # the first measurement of the run fails
+            row.update(
+                status="failed", reason="decode: interquartile range too wide", decode_tokens_per_s=math.nan
+            )
+        return row
+
+    monkeypatch.setattr(evals.sweep, "measure", measure)
+    suite = _suite(tmp_path, SMALL)
+    out = tmp_path / "run"
+    run_sweep(micro_ckpt, suite, out, quiet=True)
+    assert calls == ["full", "k1"]
+    run_sweep(micro_ckpt, suite, out, quiet=True)
+    assert calls == ["full", "k1", "full"]  # k1's good row is reused, full's failed one is not
 
 
 def test_resume_skips_matching_units_and_recomputes_changed_ones(micro_ckpt, tmp_path):
@@ -250,8 +277,186 @@ def test_units_written_atomically_survive_a_stale_temp_file(micro_ckpt, tmp_path
     out = tmp_path / "run"
     run_sweep(micro_ckpt, suite, out, quiet=True)
     target = unit_path(out, "full", "arith_d1")
-    (target.parent / ".arith_d1.json.tmp-999").write_text("{partial")
+    stale_tmp = target.parent / ".arith_d1.json.tmp-999"
+    stale_tmp.write_text("{partial")
+    (out / ".results.parquet.tmp").write_text("partial")
+    (out / "samples" / "k1" / ".copy_l8.jsonl.tmp-12").write_text("partial")
+    (out / "units" / ".k1.old-12").mkdir()
     target.write_text('{"fingerprint": "torn')  # a torn record is recomputed, never trusted
     s = run_sweep(micro_ckpt, suite, out, quiet=True)
     assert s.computed == 1
+    # what the killed run left is gone; the run's own files are not
+    assert not stale_tmp.exists() and not (out / ".results.parquet.tmp").exists()
+    assert not (out / "samples" / "k1" / ".copy_l8.jsonl.tmp-12").exists()
+    assert not (out / "units" / ".k1.old-12").exists()
+    assert read_unit(target)["status"] == "ok" and (out / "cache.sqlite").is_file()
     shutil.rmtree(out)
+
+
+ONE_TASK = """
+name: one
+batch_size: 8
+tasks:
+  - {task: arith_d1, limit: 6}
+subnets: {specs: [full]}
+efficiency: {enabled: true, prompt_len: 8, decode_tokens: 4, repeats: 1}
+"""
+
+
+def test_units_of_an_earlier_suite_never_enter_the_tables(micro_ckpt, tmp_path):
+    from reports.load import load_run
+
+    out = tmp_path / "run"
+    run_sweep(micro_ckpt, _suite(tmp_path, SMALL), out, quiet=True)
+    assert len(pd.read_csv(out / "units.csv")) == 6
+    one = tmp_path / "one"
+    one.mkdir()
+    s = run_sweep(micro_ckpt, _suite(one, ONE_TASK), out, quiet=True)
+    assert s.n_units == 1 and s.reused == 1  # same unit, same fingerprint
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(u["subnet"], u["task"]) for u in manifest["units"]] == [("full", "arith_d1")]
+    results, units = pd.read_csv(out / "results.csv"), pd.read_csv(out / "units.csv")
+    assert set(zip(results["subnet"], results["task"])) == {("full", "arith_d1")}
+    assert list(zip(units["subnet"], units["task"])) == [("full", "arith_d1")]
+    assert set(pd.read_parquet(out / "results.parquet")["task"]) == {"arith_d1"}
+    assert pd.read_csv(out / "efficiency.csv")["subnet"].tolist() == ["full"]
+    assert sorted(p.name for p in (out / "routing").iterdir()) == ["full.json"]
+    routing = json.loads((out / "routing" / "full.json").read_text())
+    assert set(routing["tasks"]) == {"arith_d1"}
+    run = load_run(out)
+    assert run.units["task"].tolist() == ["arith_d1"] and set(run.results["task"]) == {"arith_d1"}
+    assert unit_path(out, "k1", "copy_l8").is_file()  # stale files may stay on disk
+
+
+def test_a_second_sweep_into_a_locked_folder_is_refused(micro_ckpt, tmp_path, capsys):
+    from evals.results import RunLock, RunLocked
+    from jobs.cli import main
+
+    out = tmp_path / "run"
+    suite = _suite(tmp_path, SMALL)
+    with RunLock(out):  # another sweep is writing the folder
+        with pytest.raises(RunLocked, match=str(out)):
+            run_sweep(micro_ckpt, suite, out, quiet=True)
+        args = ["sweep", "--checkpoint", str(micro_ckpt), "--suite", str(suite), "--out", str(out)]
+        assert main([*args, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("ernie5 sweep: error: ") and str(out) in err and len(err.splitlines()) == 1
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
+    s = run_sweep(micro_ckpt, suite, out, quiet=True)  # free once the other sweep is done
+    assert s.reused == 0 and s.errors == 0 and s.computed + s.skipped == s.n_units == 6
+
+
+def test_a_sweep_with_an_error_unit_exits_3_and_retries_it_next_time(
+    micro_ckpt, tmp_path, monkeypatch, capsys
+):
+    from evals.tasks.procedural import ProceduralTask
+    from jobs.cli import main
+
+    original = ProceduralTask.score
+
+    def boom(self, example, responses):
+        raise RuntimeError("scorer exploded")
+
+    suite = _suite(tmp_path, SMALL)
+    out = tmp_path / "run"
+    args = ["sweep", "--checkpoint", str(micro_ckpt), "--suite", str(suite), "--out", str(out), "--quiet"]
+    monkeypatch.setattr(ProceduralTask, "score", boom)
+    assert main(args) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["errors"] == 4
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("ernie5 sweep: error: 4 of 6 units failed")
+    assert "full/arith_d1: RuntimeError: scorer exploded" in err and "Traceback" not in err
+    assert (out / "results.csv").is_file()  # the tables are written all the same
+    monkeypatch.setattr(ProceduralTask, "score", original)  # the bug is fixed: same fingerprints
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["computed"] == 4 and summary["errors"] == 0
+
+
+def test_limit_below_one_is_rejected(micro_ckpt, tmp_path):
+    with pytest.raises(ConfigError, match="limit=0: expected an integer >= 1"):
+        run_sweep(micro_ckpt, _suite(tmp_path, SMALL), tmp_path / "run", limit=0, quiet=True)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_unsafe_code_flag_reaches_the_lm_eval_units(micro_ckpt, tmp_path, monkeypatch):
+    import evals.lm_eval_bridge
+    import evals.sweep
+
+    seen = []
+
+    def units(entry, suite_dir, **kwargs):
+        seen.append(kwargs.get("allow_code"))
+        return []
+
+    monkeypatch.setattr(evals.lm_eval_bridge, "lm_eval_units", units)
+    (tmp_path / "tasks").mkdir()
+    suite = _suite(tmp_path, SMALL + "lm_eval:\n  - {task_dir: tasks, tasks: [t]}\n")
+    loaded = load_suite(suite)
+    evals.sweep.plan_units(loaded, "h", [], None, None)
+    evals.sweep.plan_units(loaded, "h", [], None, None, allow_code=True)
+    assert seen == [False, True]
+    planned = []
+
+    def plan(*args, allow_code=False, **kwargs):
+        planned.append(allow_code)
+        raise KeyboardInterrupt  # stop before anything is evaluated
+
+    monkeypatch.setattr(evals.sweep, "plan_units", plan)
+    for flag in (False, True):
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(micro_ckpt, suite, tmp_path / "run", quiet=True, confirm_run_unsafe_code=flag)
+    assert planned == [False, True]
+
+
+def test_suites_are_names_first(tmp_path, monkeypatch):
+    from evals.suite import resolve_suite_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smoke").mkdir()  # e.g. `--out smoke` of an earlier run
+    (tmp_path / "nightly").write_text("not a suite")
+    assert resolve_suite_path("smoke") == resolve_suite_path("nightly").with_name("smoke.yaml")
+    assert resolve_suite_path("smoke").parent.name == "suites"
+    assert load_suite("nightly").cfg.name == "nightly"
+    with pytest.raises(ConfigError, match="suite file not found: ./smoke"):
+        resolve_suite_path("./smoke")  # a path is a path
+    (tmp_path / "mine.yaml").write_text("name: mine\ntasks: [{task: arith_d1}]\n")
+    assert load_suite("mine.yaml").cfg.name == "mine"
+    (tmp_path / "mine").write_text("name: mine\ntasks: [{task: arith_d1}]\n")
+    with pytest.raises(ConfigError, match="unknown suite 'mine'"):
+        resolve_suite_path("mine")
+
+
+def _lm_eval_suite(folder: Path, task_dir: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "suite.yaml"
+    path.write_text(f"name: x\nlm_eval:\n  - {{task_dir: {task_dir!r}, tasks: [t]}}\n")
+    return path
+
+
+def test_lm_eval_task_dirs_stay_inside_the_suite_folder(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "t.yaml").write_text("task: t\n")
+    suite_dir = tmp_path / "suite"
+    (suite_dir / "tasks").mkdir(parents=True)
+    (suite_dir / "tasks" / "t.yaml").write_text("task: t\n")
+    assert load_suite(_lm_eval_suite(suite_dir, "tasks")).cfg.lm_eval[0].task_dir == "tasks"
+    (suite_dir / "link").symlink_to(outside, target_is_directory=True)
+    for task_dir in ("../elsewhere", str(outside), "link"):
+        with pytest.raises(ConfigError) as info:
+            load_suite(_lm_eval_suite(suite_dir, task_dir))
+        message = str(info.value)
+        assert f"lm_eval.task_dir {task_dir!r}" in message and "outside" in message and "\n" not in message
+    (suite_dir / "tasks" / "utils.py").symlink_to(outside / "t.yaml")  # code from elsewhere, by a link
+    with pytest.raises(ConfigError, match="utils.py links to"):
+        load_suite(_lm_eval_suite(suite_dir, "tasks"))
+
+
+def test_the_projects_lm_eval_tasks_are_allowed_from_any_suite(tmp_path):
+    from evals.suite import shipped_lm_eval_dir
+
+    loaded = load_suite(_lm_eval_suite(tmp_path / "s", str(shipped_lm_eval_dir())))
+    assert loaded.cfg.lm_eval[0].task_dir == str(shipped_lm_eval_dir())
+    assert load_suite("nightly").cfg.lm_eval  # the shipped suites use it

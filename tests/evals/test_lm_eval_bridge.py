@@ -295,3 +295,171 @@ def test_cli_skips_the_builtin_task_index_only_for_local_tasks(toy_tasks):
 def test_unknown_lm_eval_task_is_named(tmp_path):
     with pytest.raises(ValueError, match="nope"):
         lm_eval_units(LmEvalEntry(task_dir="lm_eval", tasks=("nope",)), SUITES)
+
+
+# ---------------------------------------------------------------------- suites are data only
+CODE_YAML = """\
+task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+{extra}
+doc_to_text: "{text}Q: {{{{q}}}}\\nA:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list: [{{metric: acc, aggregation: mean, higher_is_better: true}}]
+metadata: {{version: 1.0}}
+"""
+UTILS_PY = """\
+import pathlib
+
+pathlib.Path({marker!r}).write_text("imported")
+
+
+def process_docs(ds):
+    return ds
+"""
+
+
+def _task_folder(
+    root: Path, marker: Path, *, task: str = "toy_code", extra: str = "", text: str = ""
+) -> Path:
+    """A folder with one multiple-choice task over 3 documents and a ``utils.py`` that leaves ``marker``
+    when imported (the YAML uses it only if ``extra`` says so)."""
+    root.mkdir(parents=True, exist_ok=True)
+    data = root.parent / f"{root.name}-data.jsonl"
+    rows = [{"q": f"{i}+{i}=", "choices": [str(2 * i), str(i)], "label": 0} for i in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "task.yaml").write_text(CODE_YAML.format(task=task, data=data, extra=extra, text=text))
+    (root / "utils.py").write_text(UTILS_PY.format(marker=str(marker)))
+    return root
+
+
+def test_task_dir_must_be_inside_the_suite_folder_or_the_shipped_one(tmp_path):
+    suite, outside = tmp_path / "suite", _task_folder(tmp_path / "elsewhere", tmp_path / "m")
+    suite.mkdir()
+    (suite / "link").symlink_to(outside, target_is_directory=True)
+    for task_dir in (str(outside), "../elsewhere", "link"):
+        with pytest.raises(ValueError, match="must be a folder inside the suite's folder") as err:
+            lm_eval_units(LmEvalEntry(task_dir=task_dir, tasks=("toy_code",)), suite)
+        assert repr(task_dir) in str(err.value) and "\n" not in str(err.value)
+    shipped = str(SUITES / "lm_eval")  # the shipped tasks may be named from any suite
+    (arc,) = lm_eval_units(LmEvalEntry(task_dir=shipped, tasks=("arc_easy_local",)), suite)
+    assert arc.lm_eval_task == "arc_easy_local"
+
+
+def test_task_folder_files_and_includes_stay_inside_it(tmp_path):
+    suite, secret = tmp_path / "suite", tmp_path / "secret.txt"
+    secret.write_text("not for the run folder")
+    folder = _task_folder(suite / "tasks", tmp_path / "m")
+    (folder / "leak.txt").symlink_to(secret)
+    with pytest.raises(ValueError, match=r"leak\.txt resolves to .*outside the task folder"):
+        lm_eval_units(LmEvalEntry(task_dir="tasks", tasks=("toy_code",)), suite)
+    (folder / "leak.txt").unlink()
+    (tmp_path / "base.yaml").write_text("output_type: multiple_choice\n")
+    text = (folder / "task.yaml").read_text()
+    (folder / "task.yaml").write_text("include: ../../base.yaml\n" + text)
+    with pytest.raises(
+        ValueError, match=r"include '\.\./\.\./base\.yaml' must be a file inside the task folder"
+    ):
+        lm_eval_units(LmEvalEntry(task_dir="tasks", tasks=("toy_code",)), suite)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["in the task file", "in an included file", "unsafe_code"],
+)
+def test_task_code_needs_the_flag(tmp_path, layout):
+    suite, marker = tmp_path / "suite", tmp_path / "marker"
+    func = "process_docs: !function utils.process_docs"
+    folder = _task_folder(suite / "tasks", marker, extra=func if layout == "in the task file" else "")
+    if layout == "in an included file":
+        (folder / "_base.yaml").write_text(func + "\n")
+        (folder / "task.yaml").write_text("include: _base.yaml\n" + (folder / "task.yaml").read_text())
+    if layout == "unsafe_code":
+        (folder / "task.yaml").write_text((folder / "task.yaml").read_text() + "unsafe_code: true\n")
+    entry = LmEvalEntry(task_dir="tasks", tasks=("toy_code",))
+    with pytest.raises(ValueError, match="--confirm-run-unsafe-code") as err:
+        lm_eval_units(entry, suite)
+    msg = str(err.value)
+    assert "\n" not in msg and not marker.exists()
+    named = {"in the task file": "task.yaml", "in an included file": "_base.yaml", "unsafe_code": "task.yaml"}
+    assert str(folder / named[layout]) in msg
+    if layout != "unsafe_code":
+        assert str(folder / "utils.py") in msg
+    (unit,) = lm_eval_units(entry, suite, allow_code=True)
+    assert unit.allow_code and not marker.exists()  # planning never imports task code
+
+
+def test_allowed_task_code_runs_and_every_task_file_enters_the_fingerprint(eval_model, tmp_path):
+    suite, marker = tmp_path / "suite", tmp_path / "marker"
+    folder = _task_folder(suite / "tasks", marker, extra="process_docs: !function utils.process_docs")
+    (unit,) = lm_eval_units(LmEvalEntry(task_dir="tasks", tasks=("toy_code",)), suite, allow_code=True)
+    fp = unit.fingerprint_data(None)
+    result = unit.evaluate(eval_model, data_dir=None, limit=None, seed=0, work_dir=tmp_path / "w")
+    assert result.n_examples == 3 and marker.read_text() == "imported"
+    (folder / "utils.py").write_text((folder / "utils.py").read_text() + "\n# changed\n")
+    fp_code = unit.fingerprint_data(None)
+    (folder / "notes.md").write_text("a new file of the folder")
+    assert len({fp, fp_code, unit.fingerprint_data(None)}) == 3
+
+
+def test_code_added_after_planning_is_refused_when_the_unit_runs(eval_model, tmp_path):
+    suite, marker = tmp_path / "suite", tmp_path / "marker"
+    folder = _task_folder(suite / "tasks", marker)
+    (unit,) = lm_eval_units(LmEvalEntry(task_dir="tasks", tasks=("toy_code",)), suite)
+    text = (folder / "task.yaml").read_text()
+    (folder / "task.yaml").write_text(text + "process_docs: !function utils.process_docs\n")
+    with pytest.raises(
+        ValueError, match=r"`!function utils\.process_docs`.*utils\.py.*--confirm-run-unsafe-code"
+    ):
+        unit.evaluate(eval_model, data_dir=None, limit=None, seed=0, work_dir=tmp_path / "w")
+    assert not marker.exists()
+
+
+def test_templates_cannot_reach_python(eval_model, tmp_path):
+    suite, marker = tmp_path / "suite", tmp_path / "marker"
+    payload = f"{{{{ lipsum.__globals__['os'].mkdir('{marker}') }}}}"  # classic Jinja escape to os
+    _task_folder(suite / "tasks", tmp_path / "unused", text=payload)
+    (unit,) = lm_eval_units(LmEvalEntry(task_dir="tasks", tasks=("toy_code",)), suite)
+    with pytest.raises(ValueError, match="a template tried to reach Python") as err:
+        unit.evaluate(eval_model, data_dir=None, limit=None, seed=0, work_dir=tmp_path / "w")
+    assert not marker.exists() and "\n" not in str(err.value)
+
+
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    rc = run_lm_eval_cli(argv)
+    return rc, capsys.readouterr().err
+
+
+def test_cli_unknown_task_is_a_one_line_error(toy_tasks, capsys):
+    argv = ["--model", "ernie5", "--model_args", "checkpoint=/nonexistent", "--tasks", "no_such_task_x"]
+    rc, err = _cli([*argv, "--include_path", str(toy_tasks)], capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "lm-eval: error: Tasks not found: no_such_task_x"
+
+
+def test_cli_bad_checkpoint_is_a_one_line_error(toy_tasks, tmp_path, capsys):
+    argv = ["--model", "ernie5", "--model_args", f"checkpoint={tmp_path / 'nope'}", "--tasks", "toy_mc"]
+    rc, err = _cli([*argv, "--include_path", str(toy_tasks)], capsys)
+    assert rc == 2 and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lm-eval: error: ernie5: ") and str(tmp_path / "nope") in last
+
+
+def test_cli_task_code_needs_confirm_run_unsafe_code(run_dir, tmp_path, capsys):
+    marker = tmp_path / "marker"
+    folder = _task_folder(tmp_path / "tasks", marker, extra="process_docs: !function utils.process_docs")
+    argv = ["--model", "ernie5", "--model_args", f"checkpoint={run_dir}"]
+    argv += ["--include_path", str(folder), "--limit", "2"]
+    for tasks in (["--tasks", "toy_code"], ["--tasks", str(folder / "task.yaml")]):
+        rc, err = _cli([*argv, *tasks], capsys)
+        assert rc == 2 and not marker.exists() and "Traceback" not in err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("lm-eval: error: ") and str(folder / "utils.py") in last
+        assert "--confirm_run_unsafe_code" in last
+    rc, err = _cli([*argv, "--tasks", "toy_code", "--confirm_run_unsafe_code"], capsys)
+    assert rc == 0 and marker.read_text() == "imported"

@@ -53,12 +53,244 @@ def test_help(command, capsys):
         (["bench", "moe", "--device", "cuda:x"], "--device 'cuda:x': expected cpu or cuda[:N]"),
         (["bench", "decode", "--device", "cuda:7"], "--device 'cuda:7': this machine has"),
         (["bench", "train", "--device", "cuda"], "--device 'cuda': "),
+        (
+            ["generate", "--checkpoint", "/nonexistent", "--prompt", "hi", "--max-new-tokens", "-5"],
+            "--max-new-tokens -5: expected an integer >= 1",
+        ),
+        (
+            ["generate", "--checkpoint", "/nonexistent", "--prompt", "hi", "--max-new-tokens", "0"],
+            "--max-new-tokens 0: expected an integer >= 1",
+        ),
+        (
+            ["generate", "--checkpoint", "/nonexistent", "--prompt", "hi", "--temperature", "-1"],
+            "--temperature -1.0: expected a number >= 0",
+        ),
+        (
+            ["generate", "--checkpoint", "/nonexistent", "--prompt", "hi", "--temperature", "nan"],
+            "--temperature nan: expected a number >= 0",
+        ),
+        (
+            [
+                "sweep",
+                "--checkpoint",
+                "/nonexistent",
+                "--suite",
+                "smoke",
+                "--out",
+                "/nonexistent/o",
+                "--limit",
+                "0",
+            ],
+            "--limit 0: expected an integer >= 1",
+        ),
+        (
+            ["tasks", "--data-dir", "/nonexistent/data"],
+            "--data-dir '/nonexistent/data' does not exist; expected the data root folder",
+        ),
+        (
+            [
+                "sweep",
+                "--checkpoint",
+                "/nonexistent",
+                "--suite",
+                "smoke",
+                "--out",
+                "/nonexistent/o",
+                "--data-dir",
+                "/nonexistent/data",
+            ],
+            "--data-dir '/nonexistent/data' does not exist",
+        ),
+        (
+            ["train", "--config", "micro", "--out", "/nonexistent/o", "--data-dir", "/nonexistent/data"],
+            "--data-dir '/nonexistent/data' does not exist",
+        ),
+        (["params", "--config", "./micro"], "config file not found: ./micro"),
+        (["params", "--config", "micro.yaml"], "config file not found: micro.yaml"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, fragment, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def _one_line_error(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ernie5 {command}: error: ") and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("via", ["--data-dir", "ERNIE5_DATA_DIR"])
+def test_a_data_root_that_is_a_file_is_bad_input(via, tmp_path, monkeypatch, capsys):
+    """Not taken for "no data" (then every data task is skipped and the command exits 0)."""
+    root = tmp_path / "data.tar"
+    root.write_text("an archive, not a folder")
+    if via == "--data-dir":
+        assert main(["tasks", "--data-dir", str(root), "--json"]) == 2
+    else:
+        monkeypatch.setenv("ERNIE5_DATA_DIR", str(root))
+        assert main(["tasks", "--json"]) == 2
+    err = _one_line_error(capsys, "tasks")
+    assert f"{via if via == '--data-dir' else '$' + via} {str(root)!r} is not a folder" in err
+
+
+def _out_argv(command: str, out: str, tmp_path) -> list[str]:
+    ckpt = str(tmp_path / "no-ckpt")
+    return {
+        "train": ["train", "--config", "micro", "--out", out, "--quiet", "--set", "train.steps=1"],
+        "train-vision-tokenizer": ["train-vision-tokenizer", "--out", out, "--set", "steps=1"],
+        "sweep": ["sweep", "--checkpoint", ckpt, "--suite", "smoke", "--out", out, "--quiet"],
+        "report": ["report", str(tmp_path), "--out", out],
+        "extract": ["extract", "--checkpoint", ckpt, "--subnet", "k1", "--out", out],
+        "compare": ["compare", str(tmp_path), str(tmp_path), "--out", out],
+        "nightly": ["nightly", "--checkpoint", ckpt, "--out", out, "--quiet"],
+    }[command]
+
+
+OUT_COMMANDS = ["train", "train-vision-tokenizer", "sweep", "report", "extract", "compare", "nightly"]
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+@pytest.mark.parametrize("where", ["under a file", "a file"])
+def test_an_out_that_cannot_be_a_folder_is_bad_input(command, where, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("keep me")
+    out = blocker / "run" if where == "under a file" else blocker
+    assert main(_out_argv(command, str(out), tmp_path)) == 2
+    err = _one_line_error(capsys, command)
+    if where == "under a file":
+        assert f"--out {out}: cannot be created: {blocker} is not a folder" in err
+    else:
+        assert f"--out {out}: exists and is not a folder" in err
+    assert blocker.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+def test_an_unwritable_out_is_bad_input_before_any_work(command, tmp_path, monkeypatch, capsys):
+    import jobs.cli
+
+    # As root every folder is writable, so the permission bits are stubbed; the check is the same.
+    monkeypatch.setattr(jobs.cli.os, "access", lambda path, mode: False)
+    out = tmp_path / "new" / "run"
+    assert main(_out_argv(command, str(out), tmp_path)) == 2
+    err = _one_line_error(capsys, command)
+    assert f"--out {out}: cannot be created: {tmp_path} is not writable" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_file_system_error_while_writing_is_one_line(tmp_path, monkeypatch, capsys):
+    import evals.sweep
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/ro/run/units/full")
+
+    monkeypatch.setattr(evals.sweep, "run_sweep", denied)
+    argv = ["sweep", "--checkpoint", "c", "--suite", "smoke", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert "Permission denied: /ro/run/units/full" in _one_line_error(capsys, "sweep")
+
+    def broken(*args, **kwargs):
+        raise OSError("not about a file")
+
+    monkeypatch.setattr(evals.sweep, "run_sweep", broken)
+    with pytest.raises(OSError, match="not about a file"):  # a real failure keeps its traceback
+        main(argv)
+
+
+def test_presets_are_names_first(tmp_path, monkeypatch, capsys):
+    """A folder named like a preset (`--out nano_all` of the README's recipe) does not shadow it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "micro").mkdir()
+    (tmp_path / "nano_all").mkdir()
+    (tmp_path / "nano").write_text("not a config")
+    for name in ("micro", "nano_all", "nano"):
+        assert main(["params", "--config", name, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["total_params"] > 0
+    (tmp_path / "mine").write_text("model: {}\n")
+    assert main(["params", "--config", "mine"]) == 2  # a bare name is a name, even if a file has it
+    assert "unknown preset 'mine'" in _one_line_error(capsys, "params")
+    (tmp_path / "mine.yaml").write_text("model: {}\n")
+    assert main(["params", "--config", "mine.yaml", "--json"]) == 0
+
+
+def test_every_exit_code_is_documented(capsys):
+    from pathlib import Path
+
+    from jobs.cli import EXIT_CODES
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "exit codes:" in help_text
+    for code, what in EXIT_CODES.items():
+        assert f"  {code:<4} {what.split()[0]}" in help_text
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    paragraph = " ".join(readme[readme.index("Exit codes") :].split("\n\n")[0].split())
+    phrases = {
+        0: "0 success",
+        1: "1 `compare --fail-on-regression`",
+        2: "2 bad input",
+        3: "3 evaluation failed",
+        130: "130 interrupted",
+        141: "141 stdout closed",
+    }
+    assert set(phrases) == set(EXIT_CODES)
+    assert all(phrase in paragraph for phrase in phrases.values()), paragraph
+
+
+def test_each_exit_code_class(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import jobs.cli
+    import jobs.nightly
+    import reports
+
+    assert main(["params", "--config", "micro", "--json"]) == 0
+    regression = SimpleNamespace(summary_markdown="md", out_dir=tmp_path, has_regression=True)
+    monkeypatch.setattr(reports, "compare_runs", lambda *a: regression)
+    assert main(["compare", "a", "b", "--fail-on-regression"]) == 1
+    assert main(["compare", "a", "b"]) == 0
+    assert main(["params", "--config", "nope"]) == 2
+    failed = {"failed_units": ["k1/arith_d1: RuntimeError: boom"], "units": 2, "run_dir": str(tmp_path)}
+    monkeypatch.setattr(jobs.nightly, "run_nightly", lambda **kw: failed)
+    capsys.readouterr()
+    assert main(["nightly", "--checkpoint", "c", "--quiet"]) == 3
+    err = _one_line_error(capsys, "nightly")
+    assert "1 of 2 units failed (first: k1/arith_d1: RuntimeError: boom)" in err
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs.cli, "cmd_params", interrupted)
+    assert main(["params", "--config", "micro"]) == 130
+
+
+def test_the_unsafe_code_flag_reaches_the_sweep(tmp_path, monkeypatch, capsys):
+    import evals.sweep
+    import jobs.nightly
+
+    seen = []
+
+    def sweep(*args, **kwargs):
+        seen.append(kwargs["confirm_run_unsafe_code"])
+        return evals.sweep.SweepSummary(tmp_path, 0)
+
+    monkeypatch.setattr(evals.sweep, "run_sweep", sweep)
+    argv = ["sweep", "--checkpoint", "c", "--suite", "smoke", "--out", str(tmp_path / "run"), "--quiet"]
+    assert main(argv) == 0 and main([*argv, "--confirm-run-unsafe-code"]) == 0
+    assert seen == [False, True]
+    nightly = []
+
+    def run_nightly(**kwargs):
+        nightly.append(kwargs["confirm_run_unsafe_code"])
+        return {"failed_units": [], "units": 0, "run_dir": str(tmp_path)}
+
+    monkeypatch.setattr(jobs.nightly, "run_nightly", run_nightly)
+    assert main(["nightly", "--checkpoint", "c"]) == 0
+    assert main(["nightly", "--checkpoint", "c", "--confirm-run-unsafe-code"]) == 0
+    assert nightly == [False, True]
 
 
 def test_bad_kernels_setting_is_one_line_exit_2(monkeypatch, capsys):
@@ -131,6 +363,12 @@ def test_train_extract_generate_params_on_a_checkpoint(tmp_path, capsys):
     )
     captured = capsys.readouterr()
     assert "acceptance_rate" in captured.err
+    too_long = ["generate", "--checkpoint", str(out), "--prompt", "Q: 1+1=", "--max-new-tokens", "100000"]
+    assert main(too_long) == 2
+    err = _one_line_error(capsys, "generate")
+    assert "max_new_tokens=100000" in err and "max_seq_len=" in err
+    assert main([*too_long, "--speculative"]) == 2
+    _one_line_error(capsys, "generate")
 
 
 def test_a_closed_output_pipe_exits_quietly(tmp_path):

@@ -44,7 +44,7 @@ def test_nightly_on_a_checkpoint_writes_sweep_and_report(micro_run, tmp_path, ca
         == 0
     )
     summary = json.loads((out / "nightly.json").read_text())
-    assert summary["units"] == 12 and summary["errors"] == 0
+    assert summary["units"] == 12 and summary["errors"] == 0 and summary["failed_units"] == []
     assert (out / "results.csv").is_file() and (out / "manifest.json").is_file()
     assert (out / "report" / "index.html").is_file() and (out / "report" / "summary.md").is_file()
     # a second night against the first as baseline: no change, comparison written
@@ -75,6 +75,28 @@ def test_nightly_bad_input(tmp_path, capsys):
     assert main(["nightly", "--suite", "no-such-suite", "--checkpoint", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "unknown suite" in err
+    # a data root that is not a folder is refused before any model is trained
+    assert main(["nightly", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--data-dir {str(tmp_path / 'nowhere')!r} does not exist" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_nightly_passes_the_unsafe_code_flag_and_the_failed_units_on(tmp_path, monkeypatch):
+    import evals.sweep
+    from jobs.nightly import run_nightly
+
+    seen = []
+
+    def sweep(*args, **kwargs):
+        seen.append(kwargs["confirm_run_unsafe_code"])
+        raise KeyboardInterrupt  # stop before the report
+
+    monkeypatch.setattr(evals.sweep, "run_sweep", sweep)
+    for flag in (False, True):
+        with pytest.raises(KeyboardInterrupt):
+            run_nightly(checkpoint=tmp_path, out=tmp_path / "o", quiet=True, confirm_run_unsafe_code=flag)
+    assert seen == [False, True]
 
 
 @pytest.mark.slow
