@@ -10,6 +10,11 @@ GSM8K shots show the worked solution (calculator annotations ``<<..>>`` removed)
 no solutions, so its shots show the bare number. SVAMP's train/test split is the hash split documented in
 :mod:`ernie5.data.text`.
 
+GSM8K option ``dataset`` (:mod:`evals.tasks.hub`): read the problems through ``datasets`` from a local
+mirror or a cached hub dataset in the ``openai/gsm8k`` layout instead of the data root, e.g.
+``{task: gsm8k, kwargs: {dataset: {path: openai/gsm8k, name: main}}}``. The evaluated split defaults to
+``test``; the few-shot pool is the dataset's ``train`` split (not read when ``num_fewshot`` is 0).
+
 References:
   - Cobbe et al. 2021, https://arxiv.org/abs/2110.14168; lm-eval ``gsm8k`` (5-shot, ``flexible-extract``).
   - Patel et al. 2021, https://arxiv.org/abs/2103.07191 (SVAMP).
@@ -21,12 +26,20 @@ import random
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from ernie5.data.text import HOW_TO_GET, MathItem, read_gsm8k, read_svamp, strip_calculator_annotations
+from ernie5.data.text import (
+    HOW_TO_GET,
+    MathItem,
+    gsm8k_items,
+    read_gsm8k,
+    read_svamp,
+    strip_calculator_annotations,
+)
 from evals.answers import extract_final_number
 from evals.api import GenerationRequest, GenerationResult, Request, Response
 from evals.task import TASKS, Example, Score, Task
+from evals.tasks.hub import DatasetOption, as_spec, parse_rows
 
 STOP = ("\n\n", "Question:")
 
@@ -44,6 +57,20 @@ class MathOptions:
             raise ValueError(f"num_fewshot={self.num_fewshot} must be in [0, 16]")
         if not 1 <= self.max_new_tokens <= 4096:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be in [1, 4096]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GSM8KOptions(MathOptions):
+    dataset: Any = None
+    """None (the data root), or a mapping of :class:`evals.tasks.hub.DatasetSpec` fields; held as a spec."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "dataset", as_spec(self.dataset))
+        if self.dataset is not None and self.dataset.split == "train" and self.num_fewshot:
+            raise ValueError(
+                "dataset.split='train' is the few-shot pool; evaluate another split or set num_fewshot: 0"
+            )
 
 
 def _question(text: str) -> str:
@@ -99,15 +126,24 @@ class MathWordTask(Task):
 
 
 @TASKS.register("gsm8k")
-class GSM8K(MathWordTask):
+class GSM8K(DatasetOption, MathWordTask):
     """GSM8K test (1,319 problems), 5-shot by default with worked solutions."""
 
     name = "gsm8k"
     data_files = ("gsm8k/test.jsonl", "gsm8k/train.jsonl")
     how_to_get = HOW_TO_GET["gsm8k"]
+    Options = GSM8KOptions
+
+    def dataset_splits(self) -> tuple[str, ...]:
+        evaluated = super().dataset_splits()
+        return evaluated + ("train",) if evaluated and self.options.num_fewshot else evaluated
 
     def _items(self, data_dir: str | Path | None, split: str) -> list[MathItem]:
-        return read_gsm8k(data_dir, split)  # type: ignore[arg-type]
+        spec = self.dataset
+        if spec is None:
+            return read_gsm8k(data_dir, split)  # type: ignore[arg-type]
+        which = spec.split if split == "test" else split
+        return parse_rows(spec, which, lambda rows, where: gsm8k_items(rows, which, where))
 
     def _solution(self, item: MathItem) -> str:
         return f"{strip_calculator_annotations(item.solution)}\n#### {item.answer}"
