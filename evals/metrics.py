@@ -38,6 +38,11 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "bits_per_byte": False,
     "wer": False,
     "cer": False,
+    # The held-out FSDD speaker's metrics (evals/tasks/audio.py) point the way their seen ones do.
+    "acc_unseen": True,
+    "exact_match_unseen": True,
+    "wer_unseen": False,
+    "cer_unseen": False,
     "psnr": True,
     "ssim": True,
     "psnr_gain": True,

@@ -10,17 +10,27 @@ Layout (relative to the root): ``fsdd/recordings/{digit}_{speaker}_{index}.wav``
 :func:`fsdd_sequences` builds multi-digit utterances ("four one nine") by joining recordings of one
 speaker from one split with short random silences, so a test sequence contains only test recordings.
 
+Speakers: :data:`FSDD_UNSEEN_SPEAKER` (``theo``) is held out of training entirely. The ``train`` and
+``test`` splits hold the other speakers (:data:`FSDD_TRAIN_SPEAKERS`, the "seen" speakers) only; the
+``unseen`` split is every recording (all indices 0..49) of the held-out speaker. Everything that trains on
+FSDD (the pretraining mixture, the audio codec, the reference recogniser) reads ``train``, so the held-out
+speaker's voice is never trained on, and the harness can report recognition of a speaker the model has
+never heard next to the seen speakers' test split.
+
 References:
   - Z. Jackson et al., Free Spoken Digit Dataset, github.com/Jakobovski/free-spoken-digit-dataset (the
-    standard split: index 0-4 test, 5-49 train).
+    standard split: index 0-4 test, 5-49 train; ``metadata.py`` there gives each speaker's accent).
   - K. Ito and L. Johnson, The LJ Speech Dataset, 2017 (keithito.com/LJ-Speech-Dataset).
 
 Deviations:
   1. Only the five speakers of :data:`FSDD_SPEAKERS` are read (the shared copy has no ``lucas``); other
      files under ``fsdd/recordings`` are ignored, so a fuller FSDD checkout gives the same splits.
-  2. FSDD has no multi-digit utterances; :func:`fsdd_sequences` synthesises them by concatenation
+  2. One speaker (:data:`FSDD_UNSEEN_SPEAKER`) is taken out of both standard splits and kept for
+     unseen-speaker evaluation, so ``train`` has 4 x 450 and ``test`` 4 x 50 recordings in the shared copy
+     (the standard split is per utterance: every speaker is in train and test).
+  3. FSDD has no multi-digit utterances; :func:`fsdd_sequences` synthesises them by concatenation
      (silences of 50-150 ms between the words), which has none of the coarticulation of connected speech.
-  3. LJSpeech clips are resampled from 22.05 kHz to 8 kHz (telephone band), which removes everything
+  4. LJSpeech clips are resampled from 22.05 kHz to 8 kHz (telephone band), which removes everything
      above 4 kHz; transcripts are normalised, so numbers are read digit by digit ("1884" is
      "one eight eight four"), not as spoken ("eighteen eighty-four").
 """
@@ -59,7 +69,17 @@ DIGIT_WORDS: tuple[str, ...] = (
 )
 """The word for each digit 0..9, as :func:`normalize_text` spells it."""
 FSDD_SPEAKERS: tuple[str, ...] = ("george", "jackson", "nicolas", "theo", "yweweler")
-"""The FSDD speakers read by :func:`fsdd_utterances` (see Deviations)."""
+"""The FSDD speakers read by :func:`fsdd_utterances` (see Deviations); the order fixes TTS speaker ids."""
+FSDD_UNSEEN_SPEAKER = "theo"
+"""The speaker held out of training entirely (split ``unseen``), for unseen-speaker evaluation.
+
+Chosen by a fixed rule over :data:`FSDD_SPEAKERS` and their accents (FSDD ``metadata.py``: george GRC,
+jackson USA, nicolas BEL/French, theo USA, yweweler DEU): hold out a speaker whose accent another speaker
+shares, so training keeps every accent of the data and the unseen-speaker score measures a new *voice*
+rather than a never-heard accent; USA/neutral (jackson, theo) is the only shared accent, and of the two
+the later name in sorting order is held out."""
+FSDD_TRAIN_SPEAKERS: tuple[str, ...] = tuple(s for s in FSDD_SPEAKERS if s != FSDD_UNSEEN_SPEAKER)
+"""The "seen" speakers: those of the ``train`` and ``test`` splits (the only ones with TTS speaker ids)."""
 FSDD_DIR = "fsdd/recordings"
 FSDD_INDICES = 50
 """Recordings per speaker and digit (index 0..49)."""
@@ -173,11 +193,16 @@ def _fsdd_dir(root: str | Path | None) -> Path:
     return Path(root) / FSDD_DIR
 
 
-def fsdd_files(root: str | Path | None, split: Literal["train", "test"]) -> list[tuple[int, str, int, Path]]:
-    """``(digit, speaker, index, path)`` of every FSDD recording of ``split``, sorted by
+FsddSplit = Literal["train", "test", "unseen"]
+"""``train`` (seen speakers, index 5-49), ``test`` (seen speakers, index 0-4), ``unseen`` (every recording
+of :data:`FSDD_UNSEEN_SPEAKER`)."""
+
+
+def fsdd_files(root: str | Path | None, split: FsddSplit) -> list[tuple[int, str, int, Path]]:
+    """``(digit, speaker, index, path)`` of every FSDD recording of ``split`` (:data:`FsddSplit`), sorted by
     (digit, speaker, index). Raises :class:`DataMissing` when the directory or all of its files are absent."""
-    if split not in ("train", "test"):
-        raise ValueError(f"FSDD split={split!r}: expected train|test")
+    if split not in ("train", "test", "unseen"):
+        raise ValueError(f"FSDD split={split!r}: expected train|test|unseen")
     folder = _fsdd_dir(root)
     out = []
     for p in folder.iterdir():
@@ -185,15 +210,20 @@ def fsdd_files(root: str | Path | None, split: Literal["train", "test"]) -> list
         if m is None or m.group(2) not in FSDD_SPEAKERS:
             continue
         digit, speaker, index = int(m.group(1)), m.group(2), int(m.group(3))
-        if (index in FSDD_TEST_INDICES) == (split == "test"):
+        if split == "unseen":
+            keep = speaker == FSDD_UNSEEN_SPEAKER
+        else:
+            keep = speaker != FSDD_UNSEEN_SPEAKER and (index in FSDD_TEST_INDICES) == (split == "test")
+        if keep:
             out.append((digit, speaker, index, p))
     if not out:
         raise DataMissing(f"{FSDD_DIR}/*_<speaker>_<index>.wav", Path(root), FSDD_HOW_TO_GET)
     return sorted(out)
 
 
-def fsdd_utterances(root: str | Path | None, split: Literal["train", "test"]) -> list[Utterance]:
-    """Every FSDD recording of ``split`` (index 0-4 test, 5-49 train) as an :class:`Utterance` with text the
+def fsdd_utterances(root: str | Path | None, split: FsddSplit) -> list[Utterance]:
+    """Every FSDD recording of ``split`` (seen speakers' index 0-4 test, 5-49 train; ``unseen``: the held-out
+    speaker's every recording, see :data:`FsddSplit`) as an :class:`Utterance` with text the
     digit word, source ``fsdd`` and uid ``fsdd/{digit}_{speaker}_{index}``; sorted by (digit, speaker, index).
 
     Raises:
@@ -268,7 +298,7 @@ def sequences_from(
 
 def fsdd_sequences(
     root: str | Path | None,
-    split: Literal["train", "test"],
+    split: FsddSplit,
     n: int,
     min_digits: int = 2,
     max_digits: int = 4,

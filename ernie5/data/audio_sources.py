@@ -13,7 +13,13 @@ tasks use (``evals/tasks/audio.py`` imports them from here), so training and eva
 
 Sources: ``dtmf`` (procedural keypad tones: always available, what a fresh machine trains on) and
 ``fsdd`` (the FSDD train split: single digits and multi-digit sequences of one speaker built with
-a seed; the test split, which the harness scores, is never read).
+a seed; the test split, which the harness scores, is never read, and neither is any recording of the
+held-out speaker ``ernie5.data.audio.FSDD_UNSEEN_SPEAKER``, whose voice the harness's unseen-speaker
+scores are measured on).
+
+Speaker ids (the TTS ``<speaker>`` start position) are the seen speakers' positions in
+``FSDD_SPEAKERS`` (unchanged by the hold-out, so the rows of the seen speakers stay where they were);
+the held-out speaker has none (:func:`speaker_id` gives -1 for it).
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ class AudioDoc:
 
 
 def speaker_id(name: str) -> int:
-    """The speaker-embedding row of an FSDD speaker (-1 for anything else, e.g. DTMF)."""
-    from ernie5.data.audio import FSDD_SPEAKERS
+    """The speaker-embedding row of a seen FSDD speaker (its index in ``FSDD_SPEAKERS``); -1 for anything
+    else: DTMF, unknown names and the held-out ``FSDD_UNSEEN_SPEAKER``, which is never trained on."""
+    from ernie5.data.audio import FSDD_SPEAKERS, FSDD_TRAIN_SPEAKERS
 
-    return FSDD_SPEAKERS.index(name) if name in FSDD_SPEAKERS else -1
+    return FSDD_SPEAKERS.index(name) if name in FSDD_TRAIN_SPEAKERS else -1
 
 
 def transcript_text(text: str) -> str:
@@ -107,7 +114,8 @@ def _fsdd_train(data_dir: Path | None):
     from ernie5.data.audio import fsdd_utterances
 
     by_speaker: dict[str, list] = {}
-    for u in fsdd_utterances(data_dir, "train"):  # the harness scores the test split only
+    # seen speakers' train split only: the harness scores their test split and the held-out speaker
+    for u in fsdd_utterances(data_dir, "train"):
         by_speaker.setdefault(u.speaker, []).append(u)
     return by_speaker, sorted(by_speaker)
 

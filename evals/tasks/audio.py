@@ -16,17 +16,44 @@ Layouts are the pretraining mixture's (``ernie5.data.audio_sources``):
   * Codec: round trip through the checkpoint's codec; SNR (dB) and log-mel L1 distance.
 
 Data: DTMF tasks are generated with a seed (always available: what the main job runs on a fresh
-machine). FSDD tasks use the standard **test** split (recordings 0-4 of each speaker and digit; the
-pretraining mixture and the judge train on 5-49); multi-digit utterances are test recordings of one
-speaker joined with short silences. ``ljspeech_mini`` (32 sentences) is a sentence-level codec check.
+machine). FSDD tasks use the standard **test** split of the seen speakers (recordings 0-4 of each
+speaker and digit; the pretraining mixture, the codec and the judge train on 5-49 of the same speakers);
+multi-digit utterances are test recordings of one speaker joined with short silences. One FSDD speaker,
+``FSDD_UNSEEN_SPEAKER``, is never trained on (``ernie5.data.audio``); ``asr_fsdd`` and
+``spoken_digit_qa`` also score a fixed, seeded subset of its recordings (:data:`UNSEEN_PER_DIGIT` per
+digit, :func:`unseen_eval_files`) and report it separately. ``ljspeech_mini`` (32 sentences) is a
+sentence-level codec check.
 
-Chance levels: ``spoken_digit_qa`` 10 %, ``speaker_id`` 20 %; a model that outputs nothing has WER 1.
+Seen and unseen speakers (``asr_fsdd``, ``spoken_digit_qa``): every example belongs to one group,
+``seen`` or ``unseen`` (``info["group"]``, and ``group`` in its sample record). The task's usual metrics
+(``wer``, ``cer``, ``exact_match``; ``acc``), the primary one first, are over the **seen** speakers only;
+the same metrics with the suffix ``_unseen`` are over the unseen speaker only, each with its own ``n``.
+An example's score of the other group's metrics is None (left out of its sample record). A ``limit``
+draws the two groups alternately, each in its own seeded order, so a small limit still measures both.
+
+Chance levels: ``spoken_digit_qa`` 10 %, ``speaker_id`` 25 %; a model that outputs nothing has WER 1.
+
+References:
+  1. Z. Jackson et al., Free Spoken Digit Dataset (the standard split: index 0-4 test, 5-49 train).
+  2. Seed-TTS-eval (Anastassiou et al., 2024, arXiv:2406.02430): TTS judged by transcribing the output.
+
+Deviations:
+  1. The standard FSDD split is per utterance (every speaker in train and test); here one speaker is also
+     held out entirely, so the ASR and spoken-digit scores come in two groups, seen and unseen speaker.
+  2. ``speaker_id`` is a closed-set choice over the seen (training) speakers only: the held-out speaker
+     has no name the model could have learned, so its recordings never appear there. ``tts_digits`` asks
+     for seen speakers only (the held-out one has no speaker id).
+  3. The unseen-speaker group is a balanced subset of the held-out speaker's recordings (25 of 50 per
+     digit, 250 of 500), the size of the seen test split; it draws from every index 0..49, since none of
+     them is trained on.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,15 +64,21 @@ from ernie5.data.audio import (
     DIGIT_WORDS,
     FSDD_DIR,
     FSDD_HOW_TO_GET,
-    FSDD_SPEAKERS,
+    FSDD_INDICES,
     FSDD_TEST_INDICES,
+    FSDD_TRAIN_SPEAKERS,
+    FSDD_UNSEEN_SPEAKER,
     LJSPEECH_HOW_TO_GET,
     LJSPEECH_METADATA,
     SAMPLE_RATE,
+    Utterance,
+    fsdd_files,
     fsdd_sequences,
     fsdd_utterances,
     ljspeech_utterances,
     normalize_text,
+    read_wav,
+    sequences_from,
 )
 from ernie5.data.audio_sources import (
     DIGIT_SPOKEN_QUESTION,
@@ -55,6 +88,7 @@ from ernie5.data.audio_sources import (
     say_prompt,
 )
 from ernie5.data.dtmf import DTMF_KEYS, dtmf_utterance
+from ernie5.data.root import require_file
 from evals.api import (
     GenerationRequest,
     GenerationResult,
@@ -67,7 +101,7 @@ from evals.api import (
     SpeechGenerationRequest,
 )
 from evals.metrics import char_errors, word_errors
-from evals.task import TASKS, Example, Score, Task
+from evals.task import TASKS, Example, Score, Task, UnitResult
 from evals.tasks.vision import CountOptions, _ChoiceOverMedia, _question
 
 GENERATED = "nothing to get: keypad tones are generated from the seed"
@@ -75,10 +109,63 @@ FRAME_RATE = 25.0
 """Codec frames per second assumed when sizing a TTS request's frame budget."""
 
 
+UNSEEN = "_unseen"
+"""Suffix of a metric over the held-out (unseen) speaker's examples."""
+UNSEEN_PER_DIGIT = 25
+"""Recordings of the unseen speaker scored per digit (250 in all, the size of the seen test split)."""
+UNSEEN_SEED = "fsdd-unseen-speaker-eval"
+"""Seed of the unseen speaker's evaluated subset (fixed: the subset never changes)."""
+
+
 def _fsdd_test_files() -> tuple[str, ...]:
     return tuple(
-        f"{FSDD_DIR}/{d}_{spk}_{i}.wav" for d in range(10) for spk in FSDD_SPEAKERS for i in FSDD_TEST_INDICES
+        f"{FSDD_DIR}/{d}_{spk}_{i}.wav"
+        for d in range(10)
+        for spk in FSDD_TRAIN_SPEAKERS
+        for i in FSDD_TEST_INDICES
     )
+
+
+def unseen_eval_indices(digit: int) -> list[int]:
+    """The recording indices of the unseen speaker scored for ``digit``: a fixed, seeded choice of
+    :data:`UNSEEN_PER_DIGIT` of 0..49, sorted."""
+    return sorted(random.Random(f"{UNSEEN_SEED}/{digit}").sample(range(FSDD_INDICES), UNSEEN_PER_DIGIT))
+
+
+def unseen_eval_files() -> tuple[str, ...]:
+    """The unseen speaker's scored recordings, relative to the data root (in (digit, index) order)."""
+    return tuple(
+        f"{FSDD_DIR}/{d}_{FSDD_UNSEEN_SPEAKER}_{i}.wav" for d in range(10) for i in unseen_eval_indices(d)
+    )
+
+
+def unseen_utterances(data_dir: str | Path | None) -> list[Utterance]:
+    """The unseen speaker's scored recordings (:func:`unseen_eval_files`) as ``fsdd`` utterances.
+
+    Raises:
+        DataMissing: no FSDD recordings of the unseen speaker under ``data_dir``.
+    """
+    keep = {(d, i) for d in range(10) for i in unseen_eval_indices(d)}
+    present = {(d, i): p for d, _, i, p in fsdd_files(data_dir, "unseen") if (d, i) in keep}
+    out = []
+    for d, i in sorted(keep):
+        rel = f"{FSDD_DIR}/{d}_{FSDD_UNSEEN_SPEAKER}_{i}.wav"
+        path = present.get((d, i)) or require_file(data_dir, rel, FSDD_HOW_TO_GET)
+        out.append(
+            Utterance(
+                read_wav(path),
+                DIGIT_WORDS[d],
+                FSDD_UNSEEN_SPEAKER,
+                "fsdd",
+                f"fsdd/{d}_{FSDD_UNSEEN_SPEAKER}_{i}",
+            )
+        )
+    return out
+
+
+def _with_unseen(metrics: dict[str, bool]) -> dict[str, bool]:
+    """``metrics`` (over the seen speakers, the primary first) followed by their ``_unseen`` twins."""
+    return {**metrics, **{m + UNSEEN: hib for m, hib in metrics.items()}}
 
 
 @dataclass(frozen=True)
@@ -131,6 +218,77 @@ class _FsddTest:
     how_to_get = FSDD_HOW_TO_GET
 
 
+class _SeenUnseen:
+    """Mixin: examples in two groups, the seen speakers' test split and the held-out (unseen) speaker.
+
+    ``all_examples`` returns every example with ``info["group"]`` ``seen`` or ``unseen``. Scores: the base
+    task's metrics for a seen example, the same metrics suffixed ``_unseen`` for an unseen one; the other
+    group's metrics are None, which :meth:`aggregate` skips and :meth:`evaluate` leaves out of the sample
+    records (and out of each metric's ``n``). See the module docstring.
+    """
+
+    splits = ("test", "unseen")
+    data_files = _fsdd_test_files() + unseen_eval_files()
+    how_to_get = FSDD_HOW_TO_GET
+
+    def examples(
+        self, data_dir: str | Path | None, *, limit: int | None = None, seed: int = 0
+    ) -> list[Example]:
+        """All examples (seen first), or the first ``limit`` of the two groups alternated, each group in
+        its own seeded order (a smaller limit selects a prefix of a larger one)."""
+        exs = self.all_examples(data_dir)
+        if limit is None:
+            return exs
+        if limit < 0:
+            raise ValueError(f"limit={limit} must be >= 0")
+        groups = []
+        for g in ("seen", "unseen"):
+            members = [e for e in exs if e.info["group"] == g]
+            order = list(range(len(members)))
+            random.Random(f"{self.name}/{g}:{seed}").shuffle(order)
+            groups.append([members[i] for i in order])
+        out = [e for pair in zip(*groups) for e in pair]
+        shorter = min(len(x) for x in groups)
+        out += [e for x in groups for e in x[shorter:]]
+        return out[:limit]
+
+    def score(self, example: Example, responses: list[Response]) -> dict[str, Score]:
+        base = super().score(example, responses)  # type: ignore[misc]
+        unseen = example.info["group"] == "unseen"  # type: ignore[attr-defined]
+        return {
+            **{m: None if unseen else v for m, v in base.items()},
+            **{m + UNSEEN: v if unseen else None for m, v in base.items()},
+        }
+
+    def aggregate(self, metric: str, values: Sequence[Score | None], seed: int = 0) -> tuple[float, float]:
+        """The base aggregate of the group's values (None skipped); ``(nan, nan)`` for a group with none."""
+        kept = [v for v in values if v is not None]
+        if not kept:
+            return math.nan, math.nan
+        return super().aggregate(metric.removesuffix(UNSEEN), kept, seed=seed)  # type: ignore[misc]
+
+    def evaluate(
+        self, model: Any, *, data_dir: str | Path | None, limit: int | None, seed: int, work_dir: Path
+    ) -> UnitResult:
+        """The base evaluation; then each metric's ``n`` counts its own group's examples (value and stderr
+        None for a group without any) and the sample records keep only their group's scores."""
+        result = super().evaluate(  # type: ignore[misc]
+            model, data_dir=data_dir, limit=limit, seed=seed, work_dir=work_dir
+        )
+        for s in result.samples:
+            s["scores"] = {k: v for k, v in s["scores"].items() if v is not None}
+        for metric, m in result.metrics.items():
+            m["n"] = sum(metric in s["scores"] for s in result.samples)
+            if m["n"] == 0:
+                m["value"] = m["stderr"] = None
+        return result
+
+    def describe_sample(self, example, responses, scores) -> dict:
+        out = super().describe_sample(example, responses, scores)  # type: ignore[misc]
+        out["scores"] = {k: v for k, v in out.get("scores", {}).items() if v is not None}
+        return {**out, "group": example.info["group"], "speaker": example.info["speaker"]}
+
+
 # ---------------------------------------------------------------------- recognition
 class _Asr(Task):
     requires = ("audio",)
@@ -161,19 +319,28 @@ class AsrDtmf(_DtmfSequences, _Asr):
 
 
 @TASKS.register("asr_fsdd")
-class AsrFsdd(_FsddTest, _Asr):
-    """Transcribe spoken digit strings (2-4 FSDD test recordings of one speaker, joined)."""
+class AsrFsdd(_SeenUnseen, _Asr):
+    """Transcribe spoken digit strings (2-4 FSDD recordings of one speaker, joined): ``n_examples`` from the
+    seen speakers' test split (``wer``) and ``n_examples`` from the unseen speaker (``wer_unseen``)."""
 
     name = "asr_fsdd"
-    version = 1
+    version = 2
     Options = CountOptions
+    metrics: ClassVar[dict[str, bool]] = _with_unseen(_Asr.metrics)
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
-        seqs = fsdd_sequences(data_dir, "test", self.options.n_examples, 2, 4, seed=12345)
+        n = self.options.n_examples
+        seen = fsdd_sequences(data_dir, "test", n, 2, 4, seed=12345)
+        unseen = sequences_from(unseen_utterances(data_dir), n, 2, 4, seed=12345, uid_prefix="unseen")
         return [
             AudioExample(
-                id=f"{self.name}-{i}", prompt="", target=u.text, wave=u.wave, info={"speaker": u.speaker}
+                id=f"{self.name}-{'unseen-' if g == 'unseen' else ''}{i}",
+                prompt="",
+                target=u.text,
+                wave=u.wave,
+                info={"speaker": u.speaker, "group": g},
             )
+            for g, seqs in (("seen", seen), ("unseen", unseen))
             for i, u in enumerate(seqs)
         ]
 
@@ -190,13 +357,16 @@ class _ChoiceOverAudio(_FsddTest, _ChoiceOverMedia):
 
 
 @TASKS.register("spoken_digit_qa")
-class SpokenDigitQA(_ChoiceOverAudio):
-    """Which digit is spoken? FSDD test recordings (250), 10-way choice."""
+class SpokenDigitQA(_SeenUnseen, _ChoiceOverAudio):
+    """Which digit is spoken? 10-way choice over the seen speakers' test recordings (200, ``acc``) and
+    250 recordings of the unseen speaker (``acc_unseen``)."""
 
     name = "spoken_digit_qa"
-    version = 1
+    version = 2
+    metrics: ClassVar[dict[str, bool]] = _with_unseen(_ChoiceOverAudio.metrics)
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
+        groups = (("seen", fsdd_utterances(data_dir, "test")), ("unseen", unseen_utterances(data_dir)))
         return [
             AudioExample(
                 id=u.uid,
@@ -205,17 +375,20 @@ class SpokenDigitQA(_ChoiceOverAudio):
                 choices=DIGIT_WORDS,
                 gold=DIGIT_WORDS.index(u.text),
                 wave=u.wave,
+                info={"speaker": u.speaker, "group": g},
             )
-            for u in fsdd_utterances(data_dir, "test")
+            for g, utts in groups
+            for u in utts
         ]
 
 
 @TASKS.register("speaker_id")
 class SpeakerId(_ChoiceOverAudio):
-    """Who is speaking? FSDD test recordings (250), 5-way choice over the speakers."""
+    """Who is speaking? The seen speakers' test recordings (200), 4-way choice over the seen (training)
+    speakers; the held-out speaker never appears (it has no name the model could have learned)."""
 
     name = "speaker_id"
-    version = 1
+    version = 2
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
         return [
@@ -223,8 +396,8 @@ class SpeakerId(_ChoiceOverAudio):
                 id=u.uid,
                 prompt=_question(SPEAKER_QUESTION),
                 target=u.speaker,
-                choices=FSDD_SPEAKERS,
-                gold=FSDD_SPEAKERS.index(u.speaker),
+                choices=FSDD_TRAIN_SPEAKERS,
+                gold=FSDD_TRAIN_SPEAKERS.index(u.speaker),
                 wave=u.wave,
             )
             for u in fsdd_utterances(data_dir, "test")
@@ -329,10 +502,11 @@ class TtsDtmf(_Tts):
 
 @TASKS.register("tts_digits")
 class TtsDigits(_Tts):
-    """Say 1-4 digits in an FSDD speaker's voice; the project's reference recogniser transcribes them."""
+    """Say 1-4 digits in a seen FSDD speaker's voice (the held-out speaker has no speaker id); the project's
+    reference recogniser transcribes them."""
 
     name = "tts_digits"
-    version = 1
+    version = 2
     splits = ("generated",)
     data_files = _fsdd_test_files()
     how_to_get = FSDD_HOW_TO_GET
@@ -343,7 +517,7 @@ class TtsDigits(_Tts):
         for i in range(self.options.n_examples):
             rng = random.Random(f"{self.name}/{i}")
             words = " ".join(rng.choice(DIGIT_WORDS) for _ in range(rng.randint(1, 4)))
-            spk = FSDD_SPEAKERS[i % len(FSDD_SPEAKERS)]
+            spk = FSDD_TRAIN_SPEAKERS[i % len(FSDD_TRAIN_SPEAKERS)]
             out.append(
                 AudioExample(
                     id=f"{self.name}-{i}", prompt=say_prompt(words), target=words, info={"speaker": spk}
@@ -405,10 +579,10 @@ class CodecDtmf(_DtmfSequences, _CodecReconstruction):
 
 @TASKS.register("codec_fsdd")
 class CodecFsdd(_FsddTest, _CodecReconstruction):
-    """Codec round trip of the FSDD test recordings (250)."""
+    """Codec round trip of the seen speakers' FSDD test recordings (200)."""
 
     name = "codec_fsdd"
-    version = 1
+    version = 2
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
         return [

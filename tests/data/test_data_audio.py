@@ -12,9 +12,12 @@ import pytest
 from ernie5.data.audio import (
     DIGIT_WORDS,
     FSDD_SPEAKERS,
+    FSDD_TRAIN_SPEAKERS,
+    FSDD_UNSEEN_SPEAKER,
     SAMPLE_RATE,
     Utterance,
     concat_utterances,
+    fsdd_files,
     fsdd_sequences,
     fsdd_utterances,
     ljspeech_utterances,
@@ -115,15 +118,46 @@ def test_fsdd_on_a_synthetic_root(tmp_path):
     rec = tmp_path / "fsdd" / "recordings"
     for d in (3, 7):
         for i in (0, 4, 5, 12):
-            _write_wav(rec / f"{d}_theo_{i}.wav", np.full(100 + d, 1000 * d, "<i2"), SAMPLE_RATE, 2)
+            _write_wav(rec / f"{d}_jackson_{i}.wav", np.full(100 + d, 1000 * d, "<i2"), SAMPLE_RATE, 2)
+            _write_wav(rec / f"{d}_{FSDD_UNSEEN_SPEAKER}_{i}.wav", np.zeros(50, "<i2"), SAMPLE_RATE, 2)
     _write_wav(rec / "3_lucas_9.wav", np.zeros(10, "<i2"), SAMPLE_RATE, 2)  # not one of FSDD_SPEAKERS
     (rec / "README.txt").write_text("ignored")
     test, train = fsdd_utterances(tmp_path, "test"), fsdd_utterances(tmp_path, "train")
-    assert [u.uid for u in test] == ["fsdd/3_theo_0", "fsdd/3_theo_4", "fsdd/7_theo_0", "fsdd/7_theo_4"]
+    assert [u.uid for u in test] == [
+        "fsdd/3_jackson_0",
+        "fsdd/3_jackson_4",
+        "fsdd/7_jackson_0",
+        "fsdd/7_jackson_4",
+    ]
     assert [u.text for u in train] == ["three", "three", "seven", "seven"]
     assert train[0].wave.shape == (103,) and train[0].wave[0] == pytest.approx(3000 / 32768)
     seqs = fsdd_sequences(tmp_path, "test", 5, min_digits=2, max_digits=2, seed=1)
-    assert all(s.source == "fsdd_seq" and s.speaker == "theo" and len(s.text.split()) == 2 for s in seqs)
+    assert all(s.source == "fsdd_seq" and s.speaker == "jackson" and len(s.text.split()) == 2 for s in seqs)
+    # the held-out speaker: every index (test 0-4 and train 5-49 alike) is in `unseen`, none in train/test
+    unseen = fsdd_utterances(tmp_path, "unseen")
+    assert [u.uid for u in unseen] == [
+        f"fsdd/{d}_{FSDD_UNSEEN_SPEAKER}_{i}" for d in (3, 7) for i in (0, 4, 5, 12)
+    ]
+    assert {u.speaker for u in unseen} == {FSDD_UNSEEN_SPEAKER}
+    useq = fsdd_sequences(tmp_path, "unseen", 3, seed=1)
+    assert all(s.speaker == FSDD_UNSEEN_SPEAKER and s.uid.startswith("fsdd_seq/unseen/") for s in useq)
+    with pytest.raises(ValueError, match="train|test|unseen"):
+        fsdd_files(tmp_path, "all")  # type: ignore[arg-type]
+
+
+def test_a_root_with_only_the_unseen_speaker_has_no_train_or_test(tmp_path):
+    rec = tmp_path / "fsdd" / "recordings"
+    for i in (0, 7):
+        _write_wav(rec / f"1_{FSDD_UNSEEN_SPEAKER}_{i}.wav", np.zeros(50, "<i2"), SAMPLE_RATE, 2)
+    for split in ("train", "test"):
+        with pytest.raises(DataMissing):
+            fsdd_utterances(tmp_path, split)
+    assert len(fsdd_utterances(tmp_path, "unseen")) == 2
+
+
+def test_the_unseen_speaker_is_one_fixed_fsdd_speaker():
+    assert FSDD_UNSEEN_SPEAKER == "theo" and FSDD_UNSEEN_SPEAKER in FSDD_SPEAKERS
+    assert FSDD_TRAIN_SPEAKERS == ("george", "jackson", "nicolas", "yweweler")
 
 
 def test_concat_utterances():
@@ -141,9 +175,12 @@ def test_concat_utterances():
 
 def test_fsdd_real_splits(fsdd_root):
     train, test = fsdd_utterances(fsdd_root, "train"), fsdd_utterances(fsdd_root, "test")
-    assert (len(train), len(test)) == (2250, 250)
+    unseen = fsdd_utterances(fsdd_root, "unseen")
+    assert (len(train), len(test), len(unseen)) == (1800, 200, 500)
     assert not {u.uid for u in train} & {u.uid for u in test}
-    assert {u.speaker for u in test} == set(FSDD_SPEAKERS)
+    assert {u.speaker for u in train} == {u.speaker for u in test} == set(FSDD_TRAIN_SPEAKERS)
+    assert {u.speaker for u in unseen} == {FSDD_UNSEEN_SPEAKER}  # every index 0..49 of the held-out speaker
+    assert sorted(int(u.uid.rsplit("_", 1)[1]) for u in unseen if u.text == "zero") == list(range(50))
     assert sorted({u.text for u in test}) == sorted(DIGIT_WORDS)
     assert all(u.wave.dtype == np.float32 and np.abs(u.wave).max() <= 1 for u in test)
     assert all(int(u.uid.rsplit("_", 1)[1]) < 5 for u in test)

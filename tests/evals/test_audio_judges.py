@@ -93,7 +93,7 @@ def _fake_fsdd(root: Path) -> Path:
     for d in range(10):
         for i in (0, 5, 6):
             pcm = np.round(0.3 * np.sin(2 * np.pi * (300 + 150 * d) * t) * 32767).astype("<i2")
-            with wave.open(str(rec / f"{d}_theo_{i}.wav"), "wb") as f:
+            with wave.open(str(rec / f"{d}_jackson_{i}.wav"), "wb") as f:
                 (
                     f.setnchannels(1),
                     f.setsampwidth(2),

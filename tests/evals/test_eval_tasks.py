@@ -208,6 +208,8 @@ def test_a_perfect_answer_gets_full_marks(name, request):
                 for i in range(len(reqs))
             ]
         for metric, v in task.score(example, responses).items():
+            if v is None:  # a metric of the other speaker group (asr_fsdd, spoken_digit_qa)
+                continue
             if isinstance(v, tuple):  # corpus error components (edits, reference units)
                 assert v[0] == 0 and v[1] > 0, (example.id, metric)
             else:

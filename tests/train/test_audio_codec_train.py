@@ -203,3 +203,26 @@ def test_training_on_fsdd_evaluates_the_test_split(tmp_path, data_root):
     fsdd = summary["eval"]["fsdd_test"]
     assert fsdd["n_utterances"] == 4 and set(fsdd["levels"]) == {"1", "2"}
     assert "semantic_acc" in fsdd
+
+
+def test_codec_training_pools_never_hold_the_unseen_speaker(data_root):
+    import hashlib
+
+    from ernie5.data.audio import FSDD_UNSEEN_SPEAKER, fsdd_utterances
+
+    if not (data_root / "fsdd" / "recordings").is_dir():
+        pytest.skip(f"no FSDD under {data_root}")
+
+    def digest(w) -> str:
+        return hashlib.sha1(np.asarray(w, np.float32).tobytes()).hexdigest()
+
+    held_out = fsdd_utterances(data_root, "unseen")
+    assert len(held_out) == 500 and {u.speaker for u in held_out} == {FSDD_UNSEEN_SPEAKER}
+    by_len: dict[int, set[str]] = {}
+    for u in held_out:
+        by_len.setdefault(len(u.wave), set()).add(digest(u.wave))
+    crops = AudioCrops.open(tiny_train_cfg(fsdd_seq_pool=40), data_root)
+    assert len(crops.pools["fsdd"]) == 1800  # the seen speakers' train split
+    assert not {digest(w) for w in crops.pools["fsdd"]} & set().union(*by_len.values())
+    for w in crops.pools["fsdd_seq"]:  # a sequence starts with one of its recordings: never a held-out one
+        assert not any(digest(w[:n]) in d for n, d in by_len.items() if n <= len(w))
