@@ -3,7 +3,8 @@
 Layout of ``RUN_DIR``::
 
     manifest.json                  how the run was made (see MANIFEST_KEYS)
-    units/<subnet>/<task>.json     one record per evaluated (subnet, task) unit (see UNIT_KEYS)
+    units/<subnet>/<task>.json     one record per evaluated (subnet, task) unit (see UNIT_KEYS);
+                                   units/random/<task>.json when the suite asks for the random baseline
     samples/<subnet>/<task>.jsonl  per example: {"id", "scores": {metric: value}, "sample": {...}}
     results.csv, results.parquet   one row per (subnet, task, metric) of the ``ok`` units (RESULT_COLUMNS)
     units.csv                      one row per unit: subnet, task, status, reason, wall_s, model_s
@@ -14,6 +15,13 @@ Layout of ``RUN_DIR``::
     .lock                          held (``flock``) by the sweep writing the folder (see RunLock)
 
 Subnets are named by their compact spec (``full``, ``d0.75-w0.5-k1``), which is safe in paths.
+A suite with ``subnets.random_baseline: true`` adds the pseudo-subnet :data:`RANDOM_BASELINE`
+(``random``): every task also evaluated on a freshly initialised model of the checkpoint's
+architecture (seeded with the suite seed; the checkpoint's tokenizers and frozen side models), the
+baseline of chance-normalised scores. Its units, samples and table rows are written like any other
+(``subnet == "random"``, listed in the manifest's ``units``), but it is no sub-model: it has no
+efficiency row, no ``routing/random.json`` and no entry in the manifest's ``subnets``; the
+manifest's ``baseline`` is ``"random"`` then, ``null`` otherwise.
 Unit files and sample files are written atomically as soon as a unit finishes; the tables are
 rebuilt from the unit files at the end of every sweep (so a resumed sweep ends with the same
 tables as an uninterrupted one), and only from the units of that sweep: the manifest's ``units``
@@ -68,6 +76,8 @@ UNIT_KEYS = (
     "wall_s",
     "model_s",  # time inside model forward passes
 )
+RANDOM_BASELINE = "random"
+"""The pseudo-subnet name of the random-initialised baseline model (never a valid subnet spec)."""
 EFFICIENCY_COLUMNS = (
     "subnet",
     "depth",
@@ -101,6 +111,7 @@ MANIFEST_KEYS = (
     "subnets",  # [{"name", "layers", "experts_per_layer", "top_k"}]
     "tasks",  # [{"name", "version", "modality", "capability", "data_hash"}]
     "units",  # [{"subnet", "task", "fingerprint"}]: the units of this sweep, the only ones in the tables
+    "baseline",  # RANDOM_BASELINE when the random twin was evaluated (its units are in "units"), else null
     "data_dir",
     "seeds",
     "git_hash",

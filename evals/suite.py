@@ -13,6 +13,7 @@ A suite is data only (no templates, no code). Example::
       grid: {depth: [1.0, 0.5], width: [1.0, 0.5], top_k: [2, 1]}
       layers: even            # deploy selection for reduced depth
       experts: random:0       # deploy selection for reduced width
+      random_baseline: true   # also score a random-initialised twin (subnet "random")
     efficiency: {enabled: true, prompt_len: 64, decode_tokens: 32, repeats: 3}
     lm_eval:
       - {task_dir: lm_eval, tasks: [local_qa], limit: 20}
@@ -20,7 +21,8 @@ A suite is data only (no templates, no code). Example::
 Subnets are the explicit ``specs`` plus the cross product of the ``grid`` (a value of 1.0 means the
 full dimension), resolved against the checkpoint by ``ernie5.subnets.resolve.resolve_specs`` (the
 one rule for when importance calibration is needed) and de-duplicated by the concrete sub-model
-they resolve to. ``lm_eval`` entries name
+they resolve to. ``random_baseline`` adds the pseudo-subnet ``random`` (``evals.results.RANDOM_BASELINE``),
+evaluated on every task like a sub-model but built by ``evals.sweep.random_twin``. ``lm_eval`` entries name
 lm-eval task YAMLs in ``task_dir`` (relative to the suite file, and resolving, symlinks followed,
 inside the suite's own folder or the project's ``suites/lm_eval``); their ``data_files`` may use
 ``{data_dir}``, which the sweep fills in with the absolute data root (lm-eval resolves relative
@@ -85,6 +87,11 @@ class SubnetsConfig:
     """Deploy selection of kept layers for grid entries (even | prefix | random:SEED | importance)."""
     experts: str = "random:0"
     """Deploy selection of kept experts for grid entries (random:SEED | importance)."""
+    random_baseline: bool = False
+    """Also evaluate every task on ``random``: a freshly initialised twin of the checkpoint's model
+    (``torch.manual_seed(<suite seed>)``, the full architecture, the checkpoint's tokenizers and
+    frozen side models), the score baseline for chance-normalised retention. Not a sub-model: no
+    efficiency row, no routing record, not in the manifest's ``subnets``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,6 +19,16 @@ before its first write to its last, and first removes the temp files a killed ru
 the efficiency rows and the routing records are built from this sweep's units only (the manifest
 lists them); unit files of an earlier sweep with another suite stay on disk, outside every table.
 
+Random baseline: with ``subnets.random_baseline: true`` every task is also evaluated on the
+pseudo-subnet ``random`` (``evals.results.RANDOM_BASELINE``), planned after the sub-models: a twin
+of the checkpoint's model freshly initialised from the suite seed (:func:`random_twin`), with the
+full architecture and the checkpoint's tokenizers and frozen side models. Its fingerprint adds
+``{"baseline": {"kind": "random", "seed": <suite seed>}}`` to a full-model unit's, so it never equals
+a checkpoint unit's, a resumed sweep reuses it and another seed recomputes it; units without the
+baseline keep their fingerprints. Its units count in :class:`SweepSummary` (``n_units``, ``computed``,
+...) like any other and are sharded across processes like any other (every process that needs it
+builds the same twin); it gets no efficiency row and no routing record.
+
 Data parallel: under ``accelerate launch --multi_gpu --num_processes N`` unit ``i`` runs on
 process ``i mod N`` (each with its own response-cache connection); process 0 then measures
 efficiency and merges, so the tables equal a one-process run's. Process 0 takes the lock and the
@@ -28,6 +38,7 @@ launch fails on every process before writing anything.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -38,14 +49,23 @@ from pathlib import Path
 from ernie5.config import ConfigError, to_dict
 from ernie5.data.root import resolve_data_dir
 from ernie5.model.elastic import Subnet, SubnetError
+from ernie5.model.model import Ernie5Model
 from ernie5.runtime.distributed import init_dist
-from ernie5.store.checkpoint import checkpoint_hash, load_checkpoint, resolve_checkpoint
+from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint, resolve_checkpoint
 from ernie5.store.runs import append_jsonl, provenance, write_json
 from ernie5.subnets.resolve import resolve_specs
 from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
 from evals.cache import CachedModel, ResponseCache
 from evals.efficiency import MEASURE_VERSION, measure
-from evals.results import RunLock, read_unit, remove_leftovers, unit_path, write_tables, write_unit
+from evals.results import (
+    RANDOM_BASELINE,
+    RunLock,
+    read_unit,
+    remove_leftovers,
+    unit_path,
+    write_tables,
+    write_unit,
+)
 from evals.suite import LoadedSuite, distinct_subnets, load_suite, subnet_specs
 from evals.task import TASKS, Evaluable
 
@@ -63,11 +83,13 @@ class UnitPlan:
     data_hash: str
     available: bool
     reason: str
+    baseline: dict | None = None
+    """``{"kind": "random", "seed": S}`` for a unit of the random baseline (``name`` is ``random``)."""
 
 
 @dataclass
 class SweepSummary:
-    """What a sweep did."""
+    """What a sweep did (the units of the random baseline count like any other)."""
 
     run_dir: Path
     n_units: int
@@ -119,9 +141,12 @@ def plan_units(
     capabilities: set[str] | None = None,
     *,
     allow_code: bool = False,
+    random_baseline: Subnet | None = None,
 ) -> list[UnitPlan]:
     """Every unit of the sweep with its fingerprint, sub-model-major. ``allow_code`` lets lm-eval
-    tasks that run Python from their task folder (``!function``) be planned."""
+    tasks that run Python from their task folder (``!function``) be planned. ``random_baseline``,
+    the checkpoint's full sub-model, adds a last block of units named ``random`` evaluated on the
+    random twin (:func:`random_twin`) with the same tasks, availability and skip reasons."""
     cfg = loaded.cfg
     tasks = []
     for entry in cfg.tasks:
@@ -151,26 +176,60 @@ def plan_units(
                 data_hash = unit.fingerprint_data(data_dir) if ok else ""
                 lim = entry.limit if limit is None else min(limit, entry.limit or limit)
                 tasks.append((unit, lim, cfg.seed, ok, reason, data_hash))
+    blocks: list[tuple[Subnet, str, dict | None]] = [(sub, sub.name, None) for sub in subnets]
+    if random_baseline is not None:
+        blocks.append((random_baseline, RANDOM_BASELINE, {"kind": RANDOM_BASELINE, "seed": cfg.seed}))
     units = []
-    for sub in subnets:
+    for sub, name, baseline in blocks:
         for task, lim, seed, ok, reason, data_hash in tasks:
-            fp = _hash(
-                {
-                    "checkpoint": ckpt_hash,
-                    "subnet": subnet_identity(sub),
-                    "task": task.name,
-                    "version": task.version,
-                    "kwargs": task.kwargs,
-                    "data": data_hash,
-                    "available": ok,
-                    "limit": lim,
-                    "seed": seed,
-                    "batch_size": cfg.batch_size,
-                    "adapter": ADAPTER_VERSION,
-                }
-            )
-            units.append(UnitPlan(sub, sub.name, task, lim, seed, fp, data_hash, ok, reason))
+            ident = {
+                "checkpoint": ckpt_hash,
+                "subnet": subnet_identity(sub),
+                "task": task.name,
+                "version": task.version,
+                "kwargs": task.kwargs,
+                "data": data_hash,
+                "available": ok,
+                "limit": lim,
+                "seed": seed,
+                "batch_size": cfg.batch_size,
+                "adapter": ADAPTER_VERSION,
+            }
+            if baseline is not None:  # only then: the sub-models' fingerprints stay as they were
+                ident["baseline"] = baseline
+            fp = _hash(ident)
+            units.append(UnitPlan(sub, name, task, lim, seed, fp, data_hash, ok, reason, baseline))
     return units
+
+
+def random_twin(ckpt: Checkpoint, seed: int) -> Checkpoint:
+    """``ckpt`` with its model replaced by a freshly initialised one of the same ModelConfig
+    (``torch.manual_seed(seed)`` then ``Ernie5Model(cfg)``, in eval mode), each tensor on the device
+    and in the dtype of the checkpoint's, with the checkpoint model's fast paths if it has them. The
+    tokenizers and frozen side models (vision tokenizer, audio codec, refiner) are the checkpoint's.
+    The global RNG state is left as it was."""
+    import torch
+
+    from ernie5.fast import apply_fast_paths, is_fast
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Ernie5Model(ckpt.cfg)
+    ref = ckpt.model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            r = ref.get(name)
+            if r is not None and (t.dtype != r.dtype or t.device != r.device):
+                t.data = t.data.to(device=r.device, dtype=r.dtype)
+    if is_fast(ckpt.model):
+        apply_fast_paths(model)
+    return dataclasses.replace(ckpt, model=model.eval())
+
+
+def _random_hash(ckpt_hash: str, seed: int) -> str:
+    """The identity the random twin's adapter answers under (so the response cache never mixes its
+    answers with the checkpoint's)."""
+    return _hash({"checkpoint": ckpt_hash, "baseline": RANDOM_BASELINE, "seed": seed})
 
 
 def _record(plan: UnitPlan, status: str, reason: str = "", **extra) -> dict:
@@ -235,7 +294,9 @@ def run_sweep(
         limit,
         model_capabilities(ckpt),
         allow_code=confirm_run_unsafe_code,
+        random_baseline=Subnet.full(ckpt.cfg) if cfg.subnets.random_baseline else None,
     )
+    n_blocks = len(subnets) + bool(cfg.subnets.random_baseline)
     dist = init_dist()
     run_dir = Path(out)
     lock = _lock(run_dir, dist)
@@ -276,11 +337,12 @@ def run_sweep(
                         "data_hash": u.data_hash,
                         "available": u.available,
                     }
-                    for u in units[: len(units) // max(1, len(subnets))]
+                    for u in units[: len(units) // max(1, n_blocks)]
                 ],
                 "units": [
                     {"subnet": u.name, "task": u.task.name, "fingerprint": u.fingerprint} for u in units
                 ],
+                "baseline": RANDOM_BASELINE if cfg.subnets.random_baseline else None,
                 "data_dir": str(data_dir) if data_dir else None,
                 "seeds": sorted({u.seed for u in units}),
                 "world_size": dist.world,
@@ -346,9 +408,19 @@ def _evaluate_units(
             summary.skipped += 1
         else:
             if plan.name not in models:
-                adapter = Ernie5EvalModel(
-                    ckpt, plan.subnet, cfg.batch_size, routing=cfg.routing, ckpt_hash=ckpt_hash
-                )
+                if plan.baseline is not None:  # the random twin: no routing (it has no routing record)
+                    seed = plan.baseline["seed"]
+                    adapter = Ernie5EvalModel(
+                        random_twin(ckpt, seed),
+                        plan.subnet,
+                        cfg.batch_size,
+                        routing=False,
+                        ckpt_hash=_random_hash(ckpt_hash, seed),
+                    )
+                else:
+                    adapter = Ernie5EvalModel(
+                        ckpt, plan.subnet, cfg.batch_size, routing=cfg.routing, ckpt_hash=ckpt_hash
+                    )
                 models[plan.name] = CachedModel(adapter, cache)
             _compute(models[plan.name], plan, data_dir, run_dir, summary)
         if bar is not None:

@@ -24,19 +24,6 @@ from evals.sweep import run_sweep
 
 
 @pytest.fixture(scope="module")
-def micro_ckpt(tmp_path_factory) -> Path:
-    from ernie5.config import load
-    from ernie5.presets import resolve_config_path
-    from train.config import RunConfig
-    from train.loop import checkpoint_dirs, pretrain
-
-    run = tmp_path_factory.mktemp("ckpt") / "run"
-    cfg = load(RunConfig, resolve_config_path("micro"), ["train.steps=30", "data.tokenizer_chars=30000"])
-    pretrain(cfg, run, quiet=True)
-    return checkpoint_dirs(run)[-1]
-
-
-@pytest.fixture(scope="module")
 def model(micro_ckpt) -> Ernie5EvalModel:
     return Ernie5EvalModel(load_checkpoint(micro_ckpt), batch_size=3)
 
@@ -188,8 +175,11 @@ def test_sweep_writes_the_contract_and_is_deterministic(micro_ckpt, tmp_path):
     )
     eff = pd.read_csv(tmp_path / "a" / "efficiency.csv")
     assert set(eff["subnet"]) == {"full", "k1"} and set(eff["status"]) <= {"ok", "failed"}
-    ok = eff["status"] == "ok"  # a failed measurement (a busy machine) is NaN with its reason
-    assert (eff.loc[ok, "decode_tokens_per_s"] > 0).all() and eff.loc[~ok, "decode_tokens_per_s"].isna().all()
+    # A failed measurement (a busy machine) says why; a timing that failed its checks is NaN.
+    reasons = eff["reason"].map(lambda r: "" if pd.isna(r) else str(r))
+    assert (reasons[eff["status"] == "failed"].str.len() > 0).all()
+    decode = eff["decode_tokens_per_s"].dropna()
+    assert (decode > 0).all() and ((eff["status"] == "ok") <= eff["decode_tokens_per_s"].notna()).all()
     assert (tmp_path / "a" / "routing" / "full.json").is_file()
     samples = (tmp_path / "a" / "samples" / "full" / "arith_d1.jsonl").read_text().splitlines()
     assert len(samples) == 6 and {"id", "scores", "sample"} <= set(json.loads(samples[0]))

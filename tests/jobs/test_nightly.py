@@ -44,7 +44,8 @@ def test_nightly_on_a_checkpoint_writes_sweep_and_report(micro_run, tmp_path, ca
         == 0
     )
     summary = json.loads((out / "nightly.json").read_text())
-    assert summary["units"] == 12 and summary["errors"] == 0 and summary["failed_units"] == []
+    # (3 sub-models + the random baseline) x 4 tasks
+    assert summary["units"] == 16 and summary["errors"] == 0 and summary["failed_units"] == []
     assert (out / "results.csv").is_file() and (out / "manifest.json").is_file()
     assert (out / "report" / "index.html").is_file() and (out / "report" / "summary.md").is_file()
     # a second night against the first as baseline: no change, comparison written
