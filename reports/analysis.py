@@ -36,6 +36,36 @@ class Analysis:
     operating_points: pd.DataFrame | None = None
     routing_subnet: str = ""
     routing: dict[str, pd.DataFrame] = field(default_factory=dict)
+    baseline: str | None = None
+    """The random baseline's subnet name, or None (retention is then the plain ratio)."""
+    chance: pd.DataFrame = field(default_factory=lambda: scores.chance_table(pd.DataFrame()))
+    """Per task with a random score: full vs random margin (:func:`reports.scores.chance_table`)."""
+
+    @property
+    def retention(self) -> str:
+        """Which retention the relative scores are: chance-normalised or the plain ratio."""
+        return scores.RETENTION_NORMALISED if self.baseline else scores.RETENTION_RATIO
+
+    @property
+    def ratio_tasks(self) -> list[str]:
+        """With a random baseline, the tasks it has no score on (their retention is the plain ratio)."""
+        if not self.baseline:
+            return []
+        return sorted(set(self.scores.loc[~self.scores["normalised"].astype(bool), "task"]))
+
+    @property
+    def retention_text(self) -> str:
+        """:attr:`retention`, naming the tasks that fall back to the plain ratio."""
+        fallback = self.ratio_tasks
+        if not fallback:
+            return self.retention
+        tasks = ", ".join(fallback)
+        return f"{self.retention}; plain ratio sub/full for the tasks without a random score ({tasks})"
+
+    @property
+    def at_chance(self) -> pd.DataFrame:
+        """The :attr:`chance` rows of tasks not significantly above random (left out of averages)."""
+        return self.chance[~self.chance["above_chance"].astype(bool)]
 
     @property
     def task_modality(self) -> dict[str, str]:
@@ -85,7 +115,7 @@ def _routing_tables(run: Run) -> tuple[str, dict[str, pd.DataFrame]]:
 
 def analyze(run: Run) -> Analysis:
     """Compute the seesaw, win-rate, efficiency and routing tables of ``run``."""
-    rel = scores.relative_scores(scores.primary_scores(run.results))
+    rel = scores.relative_scores(scores.primary_scores(run.results), baseline=run.baseline_results)
     by_modality = seesaw.group_scores(rel, "modality")
     eff = pareto.efficiency_table(run.efficiency) if run.efficiency is not None else None
     active = _active_params(eff)
@@ -104,6 +134,8 @@ def analyze(run: Run) -> Analysis:
         labels=_labels(order, active),
         active_params=active,
         efficiency=eff,
+        baseline=run.baseline,
+        chance=scores.chance_table(rel),
     )
     if eff is not None and len(agg):
         analysis.pareto = pareto.pareto_table(agg, eff)
@@ -126,6 +158,9 @@ def tables(run: Run, analysis: Analysis) -> dict[str, pd.DataFrame]:
         "aggregate": analysis.aggregate,
         "skipped_by_reason": group_skips(run.units, analysis.order),
     }
+    if analysis.baseline:
+        out["chance"] = analysis.chance
+        out["baseline_results"] = run.baseline_results
     if analysis.pareto is not None:
         out["pareto"] = analysis.pareto
     if analysis.operating_points is not None:

@@ -23,6 +23,26 @@ ABOUT: tuple[tuple[str, str], ...] = (
         "or a negative value; two perfect 0 scores on a lower-is-better metric count as 100%.",
     ),
     (
+        "Chance-normalised retention (with a random baseline)",
+        "When the run also evaluated a random-initialised twin of the checkpoint (the 'random' baseline; "
+        "not a subnet, shown only as the chance level), retention is measured on the margin above it: "
+        "(sub - random) / (full - random), direction-aware (for lower-is-better metrics the signs of "
+        "numerator and denominator both flip, so the formula is the same). 100% = the full model's margin "
+        "kept, 0% = no better than random. Without it, a task answered at chance by the full model shows "
+        "~100% 'retention' at every subnet and props up its modality. Undefined when the full model is not "
+        "above random. Its stderr: delta method with the three stderrs independent (conservative). Where "
+        "the random model has no score on a task (older runs, or a unit it skipped), the plain ratio above "
+        "is used. The report says which retention it uses.",
+    ),
+    (
+        "Tasks at chance",
+        "A task is above chance when the full model's margin over random, sign x (full - random), exceeds "
+        "1.96 x sqrt(full stderr^2 + random stderr^2). A missing stderr cannot establish the margin, so "
+        "such a task counts as at chance. Tasks at chance are listed with the margin and its 95% interval "
+        "and left out of every modality and capability average, the seesaw index, the degradation order and "
+        "the aggregate score; their per-task scores are still shown.",
+    ),
+    (
         "Uncertainty of a relative score",
         "Delta method on the ratio with both stderrs treated as independent. Both models score the same "
         "examples, so the errors are positively correlated and the interval is conservative (too wide).",

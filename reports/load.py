@@ -3,6 +3,14 @@
 Required: ``manifest.json`` and at least one ``units/<subnet>/<task>.json``. Optional and tolerated
 when absent: ``results.csv`` (rebuilt from the units), ``efficiency.csv|json``, ``routing/``,
 ``samples/``. Problems with optional files become :attr:`Run.notes`, shown in the report.
+
+**Random baseline.** When ``manifest["baseline"]`` names a subnet (``"random"``: the sweep also
+evaluated a random-initialised twin of the checkpoint), that subnet's rows are split out of
+:attr:`Run.results` and :attr:`Run.units` into :attr:`Run.baseline_results` and
+:attr:`Run.baseline_units` (and dropped from efficiency and routing should any be there), so every
+table that compares subnets (seesaw, Pareto, win rates, operating points, routing, the units grid,
+``compare``) sees only real subnets. It serves only as the chance level of
+:func:`reports.scores.relative_scores`. A manifest naming a baseline without rows gets a note.
 """
 
 from __future__ import annotations
@@ -51,6 +59,12 @@ class Run:
     """Per subnet, the routing record ``{"n_experts", "layers", "tasks": {...}}``."""
     notes: list[str] = field(default_factory=list)
     """Problems with optional files."""
+    baseline: str | None = None
+    """The random baseline's subnet name (``manifest["baseline"]``) when it has rows, else None."""
+    baseline_results: pd.DataFrame | None = None
+    """The baseline's :attr:`results` rows (not in :attr:`results`), or None without a baseline."""
+    baseline_units: pd.DataFrame | None = None
+    """The baseline's :attr:`units` rows (not in :attr:`units`), or None without a baseline."""
 
     @property
     def name(self) -> str:
@@ -135,7 +149,7 @@ def load_run(run_dir: str | Path) -> Run:
     unit_table = pd.DataFrame(
         [{c: u.get(c) for c in UNIT_COLUMNS} for u in units], columns=list(UNIT_COLUMNS)
     )
-    unit_table["reason"] = unit_table["reason"].fillna("").astype(str)
+    unit_table["reason"] = unit_table["reason"].map(lambda r: "" if pd.isna(r) else str(r))
     results = None
     if (run_dir / "results.csv").is_file():
         try:
@@ -147,15 +161,46 @@ def load_run(run_dir: str | Path) -> Run:
     for col in ("subnet", "task", "metric", "modality", "capability"):
         results[col] = results[col].astype(str)
     results["higher_is_better"] = results["higher_is_better"].astype(bool)
+    efficiency = _read_efficiency(run_dir, notes)
+    routing = _read_routing(run_dir, notes)
+    name = baseline_name(manifest)
+    baseline = base_results = base_units = None
+    if name is not None:
+        in_units, in_results = unit_table["subnet"] == name, results["subnet"] == name
+        if in_results.any():
+            baseline = name
+            base_results = results[in_results].reset_index(drop=True)
+            base_units = unit_table[in_units].reset_index(drop=True)
+        else:
+            why = "no unit records" if not in_units.any() else "no finished (ok) unit"
+            notes.append(
+                f"manifest names the random baseline {name!r} but it has {why}; retention is the plain "
+                "ratio sub/full"
+            )
+        results, unit_table = results[~in_results], unit_table[~in_units]
+        if efficiency is not None:
+            efficiency = efficiency[efficiency["subnet"] != name].reset_index(drop=True)
+        routing.pop(name, None)
+        if unit_table.empty:
+            raise ReportError(f"{run_dir} has unit records only for the random baseline {name!r}")
     return Run(
         path=run_dir,
         manifest=manifest,
-        units=unit_table,
+        units=unit_table.reset_index(drop=True),
         results=results.reset_index(drop=True),
-        efficiency=_read_efficiency(run_dir, notes),
-        routing=_read_routing(run_dir, notes),
+        efficiency=efficiency,
+        routing=routing,
         notes=notes,
+        baseline=baseline,
+        baseline_results=base_results,
+        baseline_units=base_units,
     )
+
+
+def baseline_name(manifest: dict[str, Any]) -> str | None:
+    """The random baseline's subnet name the manifest declares (``"baseline"``), or None (old runs)."""
+    name = manifest.get("baseline")
+    return name if isinstance(name, str) and name else None
 
 
 def read_samples(run: Run | Path, subnet: str, task: str) -> list[dict[str, Any]]:

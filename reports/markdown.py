@@ -48,6 +48,21 @@ def md_table(df: pd.DataFrame, formats: dict[str, Callable[[Any], str]] | None =
     return "\n".join(lines) + "\n"
 
 
+def retention_summary(a: Analysis) -> str:
+    """One line: which retention the report uses and, with a random baseline, the tasks at chance."""
+    line = f"**Retention:** {cell(a.retention_text)}."
+    if a.baseline:
+        gone = a.at_chance
+        if len(gone):
+            line += (
+                f" Tasks at chance (full model not significantly above random; left out of modality "
+                f"averages): {', '.join(code(t) for t in gone['task'])}."
+            )
+        else:
+            line += " Every task's full model is significantly above random."
+    return line
+
+
 def report_summary(run: Run, a: Analysis, html_path: str) -> str:
     """The Markdown summary of a run report."""
     m = run.manifest
@@ -59,6 +74,8 @@ def report_summary(run: Run, a: Analysis, html_path: str) -> str:
         f"git {code(str(m.get('git_hash', '?'))[:12])}. Units: {counts.get('ok', 0)} ok, "
         f"{counts.get('skipped', 0)} skipped, {counts.get('error', 0)} failed. "
         f"Full report: {code(html_path)}.",
+        "",
+        retention_summary(a),
         "",
     ]
     if len(a.degradation):

@@ -1,7 +1,8 @@
 """Efficiency trade-offs: which subnets sit on the score-versus-cost Pareto frontier.
 
 * **Aggregate score** of a subnet: the mean of its per-modality group scores (see
-  :mod:`reports.seesaw`), so each modality weighs the same however many tasks it has.
+  :mod:`reports.seesaw`), so each modality weighs the same however many tasks it has; tasks at
+  chance (not significantly above the random baseline) are not in those group scores.
 * **Costs** (lower is better): active parameters, total parameters, decode latency
   (``1000 / decode_tokens_per_s`` ms per token) and FLOPs per token, from ``efficiency.csv``.
 * **Pareto frontier**: the non-dominated subnets; a subnet is dominated when another has at least

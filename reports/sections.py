@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from reports import formatting as f
-from reports import pareto, plots, routing
+from reports import pareto, plots, routing, scores
 from reports.analysis import Analysis
 from reports.definitions import ABOUT
 from reports.html import badge, chip, definitions, details, esc, figure, key_values, paragraph, pre, table
@@ -41,9 +41,90 @@ def speedup_text(point: pd.Series) -> str:
     return f.NA if pd.isna(point["speedup"]) else f"{point['speedup']:.2f}x"
 
 
+def _arrow(higher_is_better: bool) -> str:
+    return "\u2191" if higher_is_better else "\u2193"
+
+
+def retention_line(a: Analysis) -> str:
+    """Which retention the report uses and, with a random baseline, which tasks are at chance (HTML)."""
+    text = f"Retention: {a.retention_text}."
+    if a.baseline:
+        gone = a.at_chance
+        text += (
+            f" {len(gone)} of {len(a.chance)} tasks are not significantly above the random model and "
+            "are left out of modality averages" + (f": {', '.join(gone['task'])}." if len(gone) else ".")
+        )
+    return esc(text)
+
+
+def chance_section(a: Analysis) -> str:
+    """The retention used and, with a random baseline, the tasks at chance (left out of averages)."""
+    parts = [paragraph(f"Retention used: {a.retention_text}.", "lead")]
+    if not a.baseline:
+        return "".join(parts)
+    gone = a.at_chance
+    if not len(gone):
+        parts.append(
+            paragraph(f"Every task's full model is significantly above the random model ({a.baseline}).")
+        )
+        return "".join(parts)
+    view = pd.DataFrame(
+        {
+            "task": gone["task"],
+            "modality": [chip(m) for m in gone["modality"]],
+            "metric": [f"{m} {_arrow(h)}" for m, h in zip(gone["metric"], gone["higher_is_better"])],
+            "full": [f.num(v, 4) for v in gone["full_value"]],
+            "random": [f.num(v, 4) for v in gone["rand_value"]],
+            "margin (95% CI)": [
+                f"{f.signed(m, 4)} {f.ci(lo, hi, lambda v: f.signed(v, 4))}"
+                for m, lo, hi in zip(gone["margin"], gone["margin_ci_low"], gone["margin_ci_high"])
+            ],
+            "status": "left out of modality averages",
+        }
+    )
+    view = view.assign(**{c: [esc(x) for x in view[c]] for c in view.columns if c != "modality"})
+    parts.append(
+        f"<h3>Tasks at chance: full model not significantly above random ({len(gone)}), left out of "
+        "modality averages</h3>" + table(view, raw=view.columns)
+    )
+    return "".join(parts)
+
+
+def task_scores(a: Analysis) -> str:
+    """Per task, the primary score of every subnet with the random model's beside the full model's."""
+    sc = a.scores
+    if sc.empty:
+        return ""
+    wide = sc.pivot_table(index="task", columns="subnet", values="value", aggfunc="first")
+    subnets = [s for s in a.order if s in wide.columns]
+    if scores.REFERENCE in subnets:  # the full model first, the random model next to it
+        subnets.remove(scores.REFERENCE)
+        subnets.insert(0, scores.REFERENCE)
+    first = sc.drop_duplicates("task").set_index("task")
+    rows = []
+    for task in sorted(wide.index):
+        r = first.loc[task]
+        row = {
+            "task": task,
+            "modality": r["modality"],
+            "metric": f"{r['metric']} {_arrow(r['higher_is_better'])}",
+        }
+        for s_ in subnets[:1]:
+            row[s_] = f.num(wide.loc[task, s_], 4)
+        if a.baseline:
+            row[a.baseline] = f.num(r["rand_value"], 4)
+            row["above chance"] = (
+                "n/a" if pd.isna(r["above_chance"]) else ("yes" if r["above_chance"] else "no")
+            )
+        for s_ in subnets[1:]:
+            row[s_] = f.num(wide.loc[task, s_], 4)
+        rows.append(row)
+    return "<h3>Primary score per task</h3>" + table(pd.DataFrame(rows))
+
+
 def highlights(a: Analysis) -> str:
     """The findings a reader needs at a glance, as a short list."""
-    items = []
+    items = [retention_line(a)]
     if len(a.degradation):
         d = a.degradation.iloc[0]
         order = esc(" > ".join(a.degradation["modality"]))
@@ -106,6 +187,15 @@ def overview(run: Run, a: Analysis) -> str:
             "lead",
         )
     )
+    if run.baseline_units is not None:
+        bc = run.baseline_units["status"].value_counts()
+        parts.append(
+            paragraph(
+                f"Random baseline {run.baseline!r} (a random-initialised twin of the checkpoint, the chance "
+                f"level of retention; not a subnet): {len(run.baseline_units)} units, {bc.get('ok', 0)} ok, "
+                f"{bc.get('skipped', 0)} skipped, {bc.get('error', 0)} failed."
+            )
+        )
     for note in run.notes:
         parts.append(f'<div class="callout">{esc(note)}</div>')
     status = run.units.assign(cell=[badge(s) for s in run.units["status"]])
@@ -151,9 +241,15 @@ def overview(run: Run, a: Analysis) -> str:
 
 def seesaw(a: Analysis) -> str:
     """Per-modality and per-capability retention, the change heatmap, the seesaw index and order."""
+    head = chance_section(a)
     if a.by_modality.empty:
-        return paragraph("No relative scores: the full model has no results to compare against.")
-    parts = []
+        why = (
+            "every task with a score is at chance"
+            if len(a.at_chance)
+            else "the full model has no results to compare against"
+        )
+        return head + paragraph(f"No relative scores: {why}.") + task_scores(a)
+    parts = [head]
     first = a.degradation.iloc[0] if len(a.degradation) else None
     if first is not None:
         where = (
@@ -182,7 +278,8 @@ def seesaw(a: Analysis) -> str:
         figure(
             plots.change_heatmap(a.scores, a.order, a.task_modality),
             "Subnet by task heatmap",
-            "Relative change of each task's primary metric vs the full model (direction-aware).",
+            "Relative change of each task's primary metric vs the full model (direction-aware)."
+            + (" Tasks at chance are shown but left out of every average." if len(a.at_chance) else ""),
         )
     )
     if a.seesaw_index["seesaw_index"].notna().any():
@@ -227,6 +324,7 @@ def seesaw(a: Analysis) -> str:
         )
     )
     parts.append("<h3>Mean win rate (HELM)</h3>" + table(a.win_rates, formats={"mean_win_rate": f.pct}))
+    parts.append(task_scores(a))
     return "".join(parts)
 
 
@@ -393,12 +491,15 @@ def drilldown(run: Run, a: Analysis) -> str:
     """Per task: every metric with stderr and n, and a few sample predictions."""
     parts = []
     small = a.order[-1] if a.order else None
+    position = {s: i for i, s in enumerate(a.order)}
+    if run.baseline:
+        position[run.baseline] = len(position)
     for task in sorted(run.results["task"].unique()):
         rows = run.results[run.results["task"] == task]
         first = rows.iloc[0]
-        rows = rows.assign(order=rows["subnet"].map({s: i for i, s in enumerate(a.order)})).sort_values(
-            ["order", "metric"]
-        )
+        if run.baseline_results is not None:
+            rows = pd.concat([rows, run.baseline_results[run.baseline_results["task"] == task]])
+        rows = rows.assign(order=rows["subnet"].map(position)).sort_values(["order", "metric"])
         tab = rows[["subnet", "metric", "value", "stderr", "n", "higher_is_better", "task_version"]]
         subnets = [s for s in dict.fromkeys(["full", small]) if s in set(rows["subnet"])]
         metric = str(first["metric"])

@@ -1,6 +1,9 @@
 """The capability seesaw: how each modality (and capability) keeps its score as the model shrinks.
 
-Inputs are :func:`reports.scores.relative_scores` rows (one per subnet and task).
+Inputs are :func:`reports.scores.relative_scores` rows (one per subnet and task). Tasks the full model
+does not answer significantly above the random baseline (``above_chance`` False, see
+:mod:`reports.scores`) are left out of every group score, hence of the seesaw index, the degradation
+order and the aggregate score built on them; tasks without a random score are kept.
 
 * **Group score** (per modality or capability): the mean relative score over the group's tasks.
   Its 95% interval is ``mean +- 1.96 * sqrt(sum se_i^2) / k`` over the ``k`` tasks, the propagated
@@ -23,6 +26,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from reports.scores import at_chance
+
 Z95 = 1.959964
 REFERENCE = "full"
 RETENTION_THRESHOLD = 0.95
@@ -33,14 +38,16 @@ def group_scores(rel: pd.DataFrame, by: str = "modality") -> pd.DataFrame:
     """Mean relative score per (subnet, group) with a 95% interval.
 
     Args:
-        rel: rows with ``subnet``, ``by``, ``rel`` and ``rel_se``; NaN ``rel`` rows are left out.
+        rel: rows with ``subnet``, ``by``, ``rel`` and ``rel_se``; NaN ``rel`` rows and rows whose task
+            is at chance (``above_chance`` False, when the column is there) are left out.
         by: the grouping column, ``"modality"`` or ``"capability"``.
 
     Returns:
         Columns ``subnet``, ``group``, ``rel``, ``ci_low``, ``ci_high``, ``n_tasks``.
     """
     rows = []
-    for (subnet, group), g in rel.dropna(subset=["rel"]).groupby(["subnet", by], sort=False):
+    kept = rel[~at_chance(rel)]
+    for (subnet, group), g in kept.dropna(subset=["rel"]).groupby(["subnet", by], sort=False):
         k = len(g)
         mean = float(g["rel"].mean())
         half = Z95 * math.sqrt(float((g["rel_se"] ** 2).sum(skipna=False))) / k

@@ -5,6 +5,11 @@ audio with higher- and lower-is-better metrics (``acc``/``acc_norm``, ``exact_ma
 ``bits_per_byte`` as a corpus metric, ``wer``), one skipped task (video), one failed unit, an
 efficiency table and routing records for two subnets. Each example draws one uniform number that is
 shared by every subnet (common random numbers), so subnets and reruns pair like real runs do.
+
+Optionally (``baseline=True``) the run also has the random baseline (``manifest["baseline"] ==
+"random"``, units under ``units/random/``, no efficiency row or routing record), scoring every task at
+:data:`RANDOM_STRENGTH`; ``chance`` names modalities whose tasks every subnet, the full model included,
+answers at (about) the random model's level.
 """
 
 from __future__ import annotations
@@ -44,13 +49,26 @@ TASKS = {  # name: (modality, capability, metrics -> higher_is_better, full-mode
 SKIPPED = ("video_qa", "video", "understanding", "data missing: video/qa.jsonl not under the data root")
 FAILED = ("d0.75-w0.5-k1", "asr", "RuntimeError: CUDA out of memory")
 N_EXAMPLES = 120
+RANDOM = "random"
+RANDOM_STRENGTH = 0.35
+"""The random model's quality factor (accuracy 0.35 x level, error / bits per byte level / 0.35)."""
 HOSTILE_TASK = "<script>alert(1)"
 HOSTILE_PREDICTION = '</script><script>alert("pwned")</script><img src=x onerror=alert(2)>'
 
 
-def _example_scores(spec: tuple, subnet: str, u: np.ndarray, extra: np.ndarray, shift: float) -> list[dict]:
+def _strength(subnet: str, modality: str, chance: tuple[str, ...]) -> float:
+    if subnet == RANDOM:
+        return RANDOM_STRENGTH
+    if modality in chance:  # within ~1% of random: not significantly above it
+        return RANDOM_STRENGTH * (1 + 0.01 * STRENGTH[subnet][modality])
+    return STRENGTH[subnet][modality]
+
+
+def _example_scores(
+    spec: tuple, subnet: str, u: np.ndarray, extra: np.ndarray, shift: float, chance: tuple[str, ...] = ()
+) -> list[dict]:
     modality, _, task_metrics, level = spec
-    s = STRENGTH[subnet][modality] * shift
+    s = _strength(subnet, modality, chance) * shift
     out = []
     for i in range(len(u)):
         rec = {}
@@ -84,6 +102,10 @@ def write_run(
     hostile: bool = False,
     efficiency: bool = True,
     routing: bool = True,
+    baseline: bool = False,
+    baseline_rows: bool = True,
+    baseline_skip: tuple[str, ...] = (),
+    chance: tuple[str, ...] = (),
 ) -> Path:
     """Write a synthetic run folder and return it.
 
@@ -95,8 +117,14 @@ def write_run(
         hostile: add a task named ``<script>...`` and a script-laden prediction.
         efficiency: write efficiency.csv/json.
         routing: write routing/full.json and routing/k1.json.
+        baseline: the manifest names the random baseline (``"baseline": "random"``) and, with
+            ``baseline_rows``, its units are written.
+        baseline_skip: tasks the random baseline skipped.
+        chance: modalities every subnet answers at about the random model's level.
     """
     run = root / name
+    subnets = list(SUBNETS) + ([RANDOM] if baseline and baseline_rows else [])
+    extra_manifest = {"baseline": RANDOM} if baseline else {}
     tasks = dict(TASKS)
     if hostile:
         tasks[HOSTILE_TASK] = ("text", "understanding", {"exact_match": True}, 0.5)
@@ -125,12 +153,13 @@ def write_run(
             "argv": ["ernie5", "nightly"],
             "started": "2026-12-01T00:00:00",
             "finished": "2026-12-01T01:00:00",
+            **extra_manifest,
         },
     )
     for t_index, (task, (modality, capability, task_metrics, _)) in enumerate(tasks.items()):
         rng = np.random.default_rng([seed, t_index])
         u, extra = rng.random(N_EXAMPLES), np.random.default_rng(t_index).random(N_EXAMPLES)
-        for subnet in SUBNETS:
+        for subnet in subnets:
             record = {
                 "fingerprint": f"{subnet}:{task}",
                 "subnet": subnet,
@@ -151,7 +180,11 @@ def write_run(
             if (subnet, task) == FAILED[:2]:
                 write_unit(run, {**record, "status": "error", "reason": FAILED[2], "n_examples": 0}, [])
                 continue
-            per = _example_scores(tasks[task], subnet, u, extra, (shift or {}).get((subnet, task), 1.0))
+            if subnet == RANDOM and task in baseline_skip:
+                write_unit(run, {**record, "status": "skipped", "reason": "skipped", "n_examples": 0}, [])
+                continue
+            factor = (shift or {}).get((subnet, task), 1.0)
+            per = _example_scores(tasks[task], subnet, u, extra, factor, chance)
             samples = []
             for i, scores in enumerate(per):
                 prediction = HOSTILE_PREDICTION if hostile and i == 0 else f"answer {i}"
@@ -177,7 +210,7 @@ def write_run(
                     "higher_is_better": hib,
                 }
             write_unit(run, record, samples)
-    for subnet in SUBNETS:
+    for subnet in subnets:
         task, modality, capability, reason = SKIPPED
         write_unit(
             run,
