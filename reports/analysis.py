@@ -128,7 +128,7 @@ def analyze(run: Run) -> Analysis:
         by_capability=seesaw.group_scores(rel, "capability"),
         seesaw_index=seesaw.seesaw_index(by_modality),
         degradation=seesaw.degradation_order(by_modality, active or None),
-        win_rates=scores.win_rates(rel),
+        win_rates=scores.win_rates(rel[~scores.at_chance(rel)]),  # a task at chance ranks noise
         aggregate=agg,
         order=order,
         labels=_labels(order, active),

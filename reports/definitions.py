@@ -77,8 +77,8 @@ ABOUT: tuple[tuple[str, str], ...] = (
     (
         "Mean win rate (HELM)",
         "Per task, the share of the other subnets a subnet beats on the primary metric (ties count one "
-        "half), averaged over the tasks the subnet has a score on. Scale-free and robust to one outlying "
-        "task; 1.0 = best on every task.",
+        "half), averaged over the tasks the subnet has a score on, leaving out tasks at chance. "
+        "Scale-free and robust to one outlying task; 1.0 = best on every task.",
     ),
     (
         "Pareto frontier",

@@ -29,7 +29,8 @@
   capability average, the seesaw index and the degradation order; tasks without a random score
   (``above_chance`` NaN, unknown) are kept, as before.
 * **Mean win rate** (HELM): per task, the share of the other subnets a subnet beats on the primary
-  metric (ties count one half), averaged over the tasks the subnet has a score on.
+  metric (ties count one half), averaged over the tasks the subnet has a score on (the report
+  leaves tasks at chance out: ranking sub-models on noise says nothing).
 """
 
 from __future__ import annotations

@@ -213,6 +213,8 @@ def test_chance_modality_left_out_of_averages(chance_run, make_run):
     old = analyze(load_run(make_run("chance-old", chance=("image",))))
     image = old.by_modality[old.by_modality["group"] == "image"].set_index("subnet")["rel"]
     assert len(image) == 5 and (image > 0.95).all()
+    # ... and the mean win rate leaves the two image tasks out too
+    assert a.win_rates["n_tasks"].max() == old.win_rates["n_tasks"].max() - len(IMAGE_TASKS)
 
 
 def test_baseline_skipped_task_falls_back_to_ratio(make_run):
