@@ -42,6 +42,7 @@ from lm_eval.api.model import LM  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 
 from ernie5.data.root import resolve_data_dir  # noqa: E402
+from ernie5.files import hash_file_into  # noqa: E402
 from ernie5.store.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
 from ernie5.subnets.params import count_params  # noqa: E402
 from ernie5.subnets.resolve import resolve_specs  # noqa: E402
@@ -560,14 +561,13 @@ class LmEvalUnit(Evaluable):
         and the bytes of the task's data files, so a changed file never reuses stale results."""
         digest = hashlib.sha256()
         for path in _task_files(self.task_dir):
-            rel = path.relative_to(self.task_dir).as_posix()
-            digest.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+            hash_file_into(digest, path.relative_to(self.task_dir).as_posix(), path)
         digest.update(b"\0data\0")
         for ref in self._refs:
             path = _fill(ref, data_dir)
             if path is None or not path.is_file():
                 raise FileNotFoundError(f"lm-eval task {self.lm_eval_task}: missing {ref}")
-            digest.update(ref.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+            hash_file_into(digest, ref, path)
         return digest.hexdigest()
 
     def _task_manager(self, data_dir: str | Path | None, work_dir: Path) -> Any:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from ernie5.config import ConfigError, from_dict, to_dict
 from ernie5.data.root import DataMissing, require_file
+from ernie5.files import hash_file_into
 from ernie5.registry import Registry
 from evals.api import (
     MEDIA_METHODS,
@@ -245,9 +246,7 @@ class Task(Evaluable):
             return ""
         digest = hashlib.sha256()
         for relpath in self.data_files:
-            path = require_file(data_dir, relpath, self.how_to_get)
-            digest.update(relpath.encode("utf-8") + b"\0")
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
+            hash_file_into(digest, relpath, require_file(data_dir, relpath, self.how_to_get))
         return digest.hexdigest()
 
     @abstractmethod

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ernie5.data.root import require_file
+from ernie5.files import file_sha256
 
 HOW_TO_GET: dict[str, str] = {
     "tinyshakespeare": "karpathy/char-rnn data/tinyshakespeare/input.txt -> <root>/tinyshakespeare/input.txt",
@@ -139,7 +140,7 @@ def _load(path: Path, builder: str, **config: Any) -> list[dict[str, Any]] | Non
     the builder config, hence of the cache key (``datasets`` keys local files by mtime only)."""
     import datasets
 
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
     bars_were_off, verbosity = datasets.are_progress_bars_disabled(), datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # the caller handles a failure

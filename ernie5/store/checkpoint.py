@@ -43,7 +43,7 @@ from torch import nn
 
 from ernie5.config import ConfigError, dump, from_dict, read_yaml
 from ernie5.fast import apply_fast_paths
-from ernie5.files import file_sha256, fsync_path
+from ernie5.files import file_sha256, fsync_path, publish_folder
 from ernie5.model.config import ModelConfig
 from ernie5.model.model import Ernie5Model
 from ernie5.model.rope import inv_frequencies
@@ -342,19 +342,6 @@ def load_train_state(
 
 
 # ---------------------------------------------------------------------- public entry points
-def _publish(tmp: Path, path: Path) -> None:
-    """Rename ``tmp`` to ``path``, moving an existing ``path`` aside first and deleting it after."""
-    old = None
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{os.getpid()}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    fsync_path(path.parent)
-    if old is not None:
-        shutil.rmtree(old)
-
-
 def save_checkpoint(
     path: str | Path,
     model: Ernie5Model,
@@ -451,7 +438,7 @@ def save_checkpoint(
         text = json.dumps({**meta, "format": FORMAT, "files": files}, indent=2, sort_keys=True)
         _write_bytes(tmp / META_FILE, text.encode())
         fsync_path(tmp)
-        _publish(tmp, path)
+        publish_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ernie5.config import ConfigError, dump, from_dict, read_yaml
-from ernie5.files import file_sha256, fsync_path
+from ernie5.files import file_sha256, fsync_path, publish_folder
 
 CONFIG_FILE = "config.yaml"
 META_FILE = "meta.json"
@@ -78,24 +78,6 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def _publish(tmp: Path, path: Path) -> None:
-    """Rename ``tmp`` to ``path``; an existing ``path`` is moved aside first and deleted only after."""
-    old = None
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{os.getpid()}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        if old is not None:
-            os.replace(old, path)
-        raise
-    fsync_path(path.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def write_folder_atomic(
     path: str | Path, write: Callable[[Path], None], index: dict[str, Any], index_file: str = META_FILE
 ) -> Path:
@@ -133,7 +115,7 @@ def write_folder_atomic(
             os.fsync(fh.fileno())
         for d in sorted({f.parent for f in _files(tmp)}, key=lambda p: -len(p.parts)):
             fsync_path(d)
-        _publish(tmp, path)
+        publish_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

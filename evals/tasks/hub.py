@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ernie5.config import ConfigError, from_dict
 from ernie5.data.text import DataCorrupt
+from ernie5.files import hash_file_into
 
 if TYPE_CHECKING:
     import datasets
@@ -173,9 +174,7 @@ def folder_digest(folder: Path) -> str:
         rel = path.relative_to(folder)
         if not path.is_file() or any(part.startswith(".") for part in rel.parts):
             continue
-        digest.update(rel.as_posix().encode("utf-8") + b"\0")
-        with path.open("rb") as f:
-            digest.update(hashlib.file_digest(f, "sha256").digest())
+        hash_file_into(digest, rel.as_posix(), path)
     return digest.hexdigest()
 
 

@@ -230,7 +230,7 @@ def test_failed_save_leaves_nothing(tmp_path, monkeypatch) -> None:
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt_mod, "_publish", crash)
+    monkeypatch.setattr(ckpt_mod, "publish_folder", crash)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(tmp_path / "ck", _model())
     assert list(tmp_path.iterdir()) == []
