@@ -29,7 +29,6 @@ Deviations:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -48,6 +47,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ernie5.data.audio import DIGIT_WORDS, SAMPLE_RATE, Utterance, normalize_text
+from ernie5.runtime.threads import num_threads
 from ernie5.tokenizers.audio_features import log_mel
 
 ASR_JUDGE_VERSION = 1
@@ -194,7 +194,7 @@ class DigitRecognizer:
     def _run(self, waves: list[np.ndarray], batch_size: int, fn) -> list:
         arrays = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waves]
         out: list = [None] * len(arrays)
-        with _num_threads(self.threads), torch.inference_mode():
+        with num_threads(self.threads), torch.inference_mode():
             for idx in _batches([len(a) for a in arrays], batch_size):
                 wave_BS, samples_B = _pad_batch([arrays[i] for i in idx])
                 for i, item in zip(idx, fn(wave_BS, samples_B)):
@@ -218,17 +218,6 @@ class DigitRecognizer:
             return [h_BTH[b, :n].numpy().copy() for b, n in enumerate(lengths_B.tolist())]
 
         return self._run(waves, batch_size, fn)
-
-
-@contextlib.contextmanager
-def _num_threads(n: int):
-    """Run with ``n`` torch threads, restoring the previous count (oversubscribed cores make GRUs crawl)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _cache_dir() -> Path:
@@ -268,7 +257,7 @@ def heldout_set(data_dir: str | Path | None, recipe: AsrRecipe) -> list[Utteranc
 
 def train_recognizer(train: list[Utterance], recipe: AsrRecipe) -> CtcDigitNet:
     """A :class:`CtcDigitNet` trained with CTC on ``train`` (seeded; ``recipe.threads`` torch threads)."""
-    with _num_threads(recipe.threads):
+    with num_threads(recipe.threads):
         torch.manual_seed(recipe.seed)
         rng = np.random.default_rng(recipe.seed)
         order_rng = random.Random(recipe.seed)

@@ -39,7 +39,6 @@ a Pareto frontier.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import statistics
@@ -54,6 +53,7 @@ from ernie5.bench.timing import matmul_peak, synchronizer
 from ernie5.generation.text import generate
 from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
+from ernie5.runtime.threads import num_threads
 from ernie5.store.checkpoint import save_checkpoint
 from ernie5.subnets.extract import extract_subnet
 from ernie5.subnets.params import count_params
@@ -84,20 +84,8 @@ def machine_matmul_peak(device: str, dtype: torch.dtype, threads: int) -> float:
     """The best dense matmul FLOP/s of ``device`` in ``dtype`` (with ``threads`` intra-op threads on
     CPU), measured once per process; a shared machine can only lower it, so the higher of two
     measurements is kept."""
-    with _threads(threads if torch.device(device).type == "cpu" else None):
+    with num_threads(threads if torch.device(device).type == "cpu" else None):
         return max(matmul_peak(dtype, n=PEAK_MATMUL_N, repeats=5, device=device) for _ in range(2))
-
-
-@contextlib.contextmanager
-def _threads(n: int | None):
-    """Run with ``n`` intra-op threads (unchanged for None), restoring the setting after."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -223,7 +211,7 @@ def measure(
         if peak_flops is None:
             peak_flops = machine_matmul_peak(str(first.device), first.dtype, threads or 0)
         repeats = max(cfg.repeats, MIN_REPEATS)
-        with _threads(threads):
+        with num_threads(threads):
             for _ in range(MAX_ATTEMPTS):
                 prefill_s, step_s = time_generation(
                     runner, prompt.tolist(), cfg.decode_tokens, run_sub, repeats, clock

@@ -101,7 +101,6 @@ class SweepSummary:
     model_s: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0
-    error_messages: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     """``subnet/task: reason`` of every unit of the sweep recorded as an error (all processes)."""
 
@@ -453,7 +452,6 @@ def _compute(model: CachedModel, plan: UnitPlan, data_dir, run_dir: Path, summar
         fields = {"traceback": traceback.format_exc()}
         status, reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         summary.errors += 1
-        summary.error_messages.append(f"{plan.name}/{plan.task.name}: {reason}")
     wall = time.perf_counter() - t0
     if result is not None and result.routing:
         counts = result.routing

@@ -72,6 +72,14 @@ class Run:
         return self.path.name
 
 
+def text_column(df: pd.DataFrame, col: str) -> pd.Series:
+    """``df[col]`` as strings, with "" for a missing value or a missing column (a text column whose
+    every value is empty reads back from CSV as floats)."""
+    if col not in df:
+        return pd.Series("", index=df.index)
+    return df[col].map(lambda v: "" if pd.isna(v) else str(v))
+
+
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -149,7 +157,7 @@ def load_run(run_dir: str | Path) -> Run:
     unit_table = pd.DataFrame(
         [{c: u.get(c) for c in UNIT_COLUMNS} for u in units], columns=list(UNIT_COLUMNS)
     )
-    unit_table["reason"] = unit_table["reason"].map(lambda r: "" if pd.isna(r) else str(r))
+    unit_table["reason"] = text_column(unit_table, "reason")
     results = None
     if (run_dir / "results.csv").is_file():
         try:

@@ -25,6 +25,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from reports.load import text_column
+
 COSTS: dict[str, tuple[str, str]] = {
     "active_params": ("Active parameters", "parameters"),
     "total_params": ("Total parameters", "parameters"),
@@ -70,19 +72,11 @@ TIMINGS = (
 """The measured (not analytic) columns of ``efficiency.csv`` that a failed measurement voids."""
 
 
-def _text_column(df: pd.DataFrame, col: str) -> pd.Series:
-    """``df[col]`` as strings, with "" for a missing value or a missing column (an all-empty column
-    reads back from CSV as floats)."""
-    if col not in df:
-        return pd.Series("", index=df.index)
-    return df[col].map(lambda v: "" if pd.isna(v) else str(v))
-
-
 def efficiency_table(eff: pd.DataFrame) -> pd.DataFrame:
     """``efficiency.csv`` plus ``decode_ms_per_token`` and ``timing_failed`` (failed timings voided,
     see the module docstring); ``active_params`` falls back to the measured."""
     out = eff.copy()
-    status, reason = (_text_column(out, c) for c in ("status", "reason"))
+    status, reason = (text_column(out, c) for c in ("status", "reason"))
     failed = status == "failed"
     for col in ("prefill_ms", "decode_tokens_per_s"):
         v = pd.to_numeric(out[col], errors="coerce") if col in out else pd.Series(math.nan, index=out.index)
