@@ -11,8 +11,11 @@ out and the weights renormalised, so a fresh machine trains on the procedural so
   * ``shakespeare``: random windows of the *training* part of Tiny Shakespeare (the held-out tail
     that the ``shakespeare_bpb`` task scores is never used, see ``ernie5.data.text``);
   * ``procedural``: the project's seeded arithmetic / copy / reverse / sort tasks;
-  * ``babi``, ``gsm8k``: training splits of bAbI task 1 and GSM8K, in the harness's prompt format
-    (``Question: ...\nAnswer: ...``); their test splits, which the harness scores, are never read.
+  * ``babi``, ``gsm8k``, ``svamp``: training splits of bAbI task 1, GSM8K and SVAMP, in the harness's
+    prompt format (``Question: ...\nAnswer: ...``);
+  * ``arc``, ``openbookqa``: the training splits of ARC (Easy and Challenge) and OpenBookQA, each
+    question answered with its correct choice in the multiple-choice tasks' context.
+  The test (and validation) splits, which the harness scores, are never read.
 """
 
 from __future__ import annotations
@@ -80,6 +83,37 @@ def _gsm8k(data_dir: Path | None) -> DocFn:
     return doc
 
 
+def _science_qa(items: list[text_data.ChoiceItem]) -> DocFn:
+    """Multiple-choice train questions in the harness's context, answered with the correct choice
+    (the continuation the ``arc_*``/``openbookqa`` tasks score: ``" " + choice``)."""
+
+    def doc(rng: random.Random) -> str:
+        it = rng.choice(items)
+        return f"Question: {it.question.strip()}\nAnswer: {it.choices[it.answer]}\n"
+
+    return doc
+
+
+def _arc(data_dir: Path | None) -> DocFn:
+    return _science_qa(
+        text_data.read_arc(data_dir, "Easy", "train") + text_data.read_arc(data_dir, "Challenge", "train")
+    )
+
+
+def _openbookqa(data_dir: Path | None) -> DocFn:
+    return _science_qa(text_data.read_openbookqa(data_dir, "train"))
+
+
+def _svamp(data_dir: Path | None) -> DocFn:
+    items = text_data.read_svamp(data_dir, "train")
+
+    def doc(rng: random.Random) -> str:
+        it = rng.choice(items)
+        return f"Question: {it.question.strip()}\nAnswer: {it.answer}\n"
+
+    return doc
+
+
 def _procedural(data_dir: Path | None) -> DocFn:
     return procedural.procedural_document
 
@@ -89,6 +123,9 @@ SOURCES: dict[str, Callable[[Path | None], DocFn]] = {
     "procedural": _procedural,
     "babi": _babi,
     "gsm8k": _gsm8k,
+    "svamp": _svamp,
+    "arc": _arc,
+    "openbookqa": _openbookqa,
 }
 
 

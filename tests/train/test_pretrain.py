@@ -188,3 +188,41 @@ def test_the_trainer_runs_the_fast_paths_on_its_compute_replica(tmp_path, dtype)
     assert (mp.compute is trainer.model) == (dtype == "fp32")
     if dtype == "bf16":
         assert not is_fast(trainer.model)  # the fp32 master keeps the eager maths
+
+
+def test_text_benchmark_train_splits_are_sources_in_the_harness_format(data_root):
+    """``arc``, ``openbookqa``, ``svamp`` read only the train splits, in the tasks' own context, and
+    answer with what the task scores (the correct choice's text; SVAMP's number)."""
+    import random
+
+    from ernie5.data import text as text_data
+    from train.data import SOURCES
+
+    for name in ("arc", "openbookqa", "svamp"):
+        if not (data_root / name).is_dir():
+            pytest.skip(f"the data root has no {name}")
+    rng = random.Random(0)
+    arc = SOURCES["arc"](data_root)
+    docs = {arc(rng) for _ in range(50)}
+    assert all(d.startswith("Question: ") and "\nAnswer: " in d and d.endswith("\n") for d in docs)
+    train_questions = {
+        it.question.strip()
+        for subset in ("Easy", "Challenge")
+        for it in text_data.read_arc(data_root, subset, "train")
+    }
+    test_questions = {it.question.strip() for it in text_data.read_arc(data_root, "Easy", "test")}
+    asked = {d.split("\n")[0][len("Question: ") :] for d in docs}
+    assert asked <= train_questions and not asked & test_questions
+    obqa = SOURCES["openbookqa"](data_root)(rng)
+    item = next(
+        it
+        for it in text_data.read_openbookqa(data_root, "train")
+        if obqa.startswith(f"Question: {it.question}")
+    )
+    assert obqa.endswith(f"Answer: {item.choices[item.answer]}\n")
+    svamp_test = {it.question.strip() for it in text_data.read_svamp(data_root, "test")}
+    svamp = SOURCES["svamp"](data_root)
+    for _ in range(20):
+        doc = svamp(rng)
+        assert doc.split("\n")[0][len("Question: ") :] not in svamp_test
+        float(doc.split("Answer: ")[1].strip().replace(",", ""))
