@@ -177,6 +177,18 @@ def cmd_train_refiner(args) -> int:
     return _train_component(args, RefinerTrainConfig, train_refiner, tokenizer_path=args.tokenizer)
 
 
+def cmd_recipe(args) -> int:
+    """``ernie5 recipe reference``: reproduce (or resume) the shipped reference model."""
+    from jobs.recipe import run_recipe
+
+    _check_out(args.out)
+    record = run_recipe(
+        args.out, args.data_dir, overrides=args.set or [], install=args.install, quiet=args.quiet
+    )
+    _print_json({"out": args.out, "stages": record["stages"], "inputs_digest": record["inputs_digest"]})
+    return 0
+
+
 def cmd_params(args) -> int:
     """``ernie5 params``."""
     from ernie5.model.elastic import parse_subnet, resolve
@@ -456,6 +468,25 @@ def build_parser() -> argparse.ArgumentParser:
             )
         tv.set_defaults(fn=fn)
 
+    rc = sub.add_parser(
+        "recipe",
+        help="reproduce the shipped reference model from nothing (tokenizer, codec, refiner, backbone)",
+    )
+    rc.add_argument("name", choices=["reference"], help="the model to reproduce")
+    rc.add_argument("--out", required=True, help="recipe folder (re-run with the same one to resume)")
+    rc.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR; procedural world always)")
+    rc.add_argument(
+        "--set",
+        action="append",
+        metavar="STAGE.KEY=VALUE",
+        help="override a stage's config (vision, codec, refiner, backbone), e.g. backbone.train.steps=8",
+    )
+    rc.add_argument(
+        "--install", action="store_true", help="copy the export into the package (ernie5/reference)"
+    )
+    rc.add_argument("--quiet", action="store_true")
+    rc.set_defaults(fn=cmd_recipe)
+
     pa = sub.add_parser("params", help="total/active params, activation rate and FLOPs per token")
     pa.add_argument("--config", help="preset name or run-config YAML")
     pa.add_argument("--checkpoint", help="checkpoint folder or run folder (its newest checkpoint)")
@@ -560,8 +591,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.set_defaults(fn=cmd_compare)
 
-    n = sub.add_parser("nightly", help="the main job: train or reuse a model, sweep the nightly suite")
-    n.add_argument("--checkpoint", help="evaluate this checkpoint instead of training one")
+    n = sub.add_parser(
+        "nightly", help="the main job: sweep the shipped reference (or a checkpoint) over the nightly suite"
+    )
+    n.add_argument("--checkpoint", help="evaluate this checkpoint (default: the shipped reference)")
     n.add_argument("--suite", default="nightly", help="suite name or YAML file")
     n.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     n.add_argument("--out", default=None, help="run folder (default: runs/nightly-<date>)")

@@ -1,7 +1,7 @@
-"""Shipped run presets (YAML): ``micro`` (tests), ``mini`` (the main job), ``nano`` (CPU reference),
-``mini_all`` (mini + images, clips and audio), ``nano_mm`` (nano + images and clips), ``nano_all``
-(nano + images, clips and audio), ``paper``
-(meta device only)."""
+"""Shipped run presets (YAML): ``micro`` (tests), ``mini`` (small text-only), ``nano`` (the
+perf-anchors shape), ``mini_all`` (mini + images, clips and audio), ``nano_mm`` (nano + images and
+clips), ``nano_all`` (nano + images, clips and audio), ``reference`` (the shipped all-modality
+model: 64 experts, top-4; ``ernie5 recipe reference``), ``paper`` (meta device only)."""
 
 from __future__ import annotations
 

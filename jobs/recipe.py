@@ -1,0 +1,285 @@
+"""``ernie5 recipe reference``: reproduce the shipped reference model from nothing.
+
+One command, unattended, seeded, in five stages under ``--out DIR``:
+
+    DIR/vision/     the vision tokenizer (2D, then 3D; ``ernie5 train-vision-tokenizer``)
+    DIR/codec/      the RVQ audio codec (``ernie5 train-audio-codec``)
+    DIR/backbone/   the elastic backbone (``ernie5 train --config reference``), frozen tokenizer and
+                    codec from the stages above
+    DIR/refiner/    the cascaded refiner on the 2D tokenizer's round trips (``ernie5 train-refiner``)
+    DIR/reference/  the export: the backbone's last checkpoint with the tokenizer, codec and refiner,
+                    parameters in bf16, no optimizer state (the folder the package ships)
+    DIR/recipe.json what was run: every stage's config and wall time, and the sha256 of every input
+                    file read from the data root
+
+Resuming: the command is re-run with the same ``--out``. A finished stage is kept (each side model
+is trained into a temporary folder renamed into place when complete, so a killed stage is redone
+from its start, a few minutes at most); the backbone continues from its newest checkpoint (every
+``train.ckpt_every`` steps) with exact resume, so ``kill -9`` costs at most one checkpoint interval.
+
+Installing: ``--install`` copies the export into the package (``ernie5/reference/``), where
+``--checkpoint reference`` finds it; the maintainer commits it with ``MODEL_CARD.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ernie5.config import ConfigError, dump, load
+from ernie5.data.root import resolve_data_dir
+from ernie5.files import file_sha256
+from ernie5.presets import resolve_config_path
+from ernie5.store.runs import provenance, write_json
+
+VISION_OVERRIDES: list[str] = []
+"""The vision tokenizer's recipe: the trainer's defaults (2000 2D steps, 80 3D steps)."""
+CODEC_OVERRIDES = ["steps=3000"]
+"""The codec's recipe: 3000 steps (DTMF round trips need about this many; FSDD with a data root)."""
+REFINER_OVERRIDES = ["steps=400"]
+"""The refiner's recipe: 400 steps on shapes and MNIST degraded by the 2D tokenizer and blur (it only
+upsamples generated images; the backbone does not depend on it, so it trains after the backbone)."""
+PRESET = "reference"
+STAGES = ("vision", "codec", "backbone", "refiner")
+"""The trained stages, in order (the export follows)."""
+
+DATA_FOLDERS = ("mnist", "fsdd", "tinyshakespeare", "babi_qa1", "gsm8k", "svamp", "arc", "openbookqa")
+"""The data-root folders the recipe's stages may read (their files are hashed into recipe.json)."""
+
+
+def split_overrides(overrides: list[str]) -> dict[str, list[str]]:
+    """``["backbone.train.steps=8", ...]`` -> ``{"backbone": ["train.steps=8"], "vision": [], ...}``."""
+    out: dict[str, list[str]] = {name: [] for name in STAGES}
+    for item in overrides:
+        stage, _, rest = item.partition(".")
+        if stage not in out or "=" not in rest:
+            raise ConfigError(
+                f"--set {item!r}: expected STAGE.KEY=VALUE with STAGE one of {', '.join(STAGES)}"
+            )
+        out[stage].append(rest)
+    return out
+
+
+def hash_inputs(data_dir: Path | None) -> dict[str, Any]:
+    """sha256 of every file under the data-root folders the recipe reads, per folder: its file
+    count, one digest over the sorted ``(path, sha256)`` pairs, and every file's own digest."""
+    if data_dir is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name in DATA_FOLDERS:
+        folder = Path(data_dir) / name
+        if not folder.is_dir():
+            continue
+        files = {
+            str(p.relative_to(data_dir)): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()
+        }
+        digest = hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in files.items()).encode()).hexdigest()
+        out[name] = {"n_files": len(files), "sha256": digest, "files": files}
+    return out
+
+
+def _stage(
+    out: Path, done: Callable[[Path], bool], train: Callable[[Path], Any], what: str, quiet: bool
+) -> bool:
+    """Train ``what`` into a temporary sibling of ``out`` and rename it into place; skip a complete
+    ``out``. Returns whether it trained."""
+    if out.is_dir() and done(out):
+        if not quiet:
+            print(f"recipe: {what}: done ({out})", file=sys.stderr)
+        return False
+    if out.exists():  # an incomplete stage from a killed run: redo it
+        shutil.rmtree(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not quiet:
+        print(f"recipe: training the {what} into {out}", file=sys.stderr)
+    train(tmp)
+    tmp.rename(out)
+    return True
+
+
+def export_reference(run_dir: Path, out: Path, refiner_dir: Path | None, recipe: dict[str, Any]) -> Path:
+    """The shipped folder: the run's newest checkpoint, parameters cast to bf16 (buffers such as
+    the router bias stay fp32), the refiner attached, no optimizer state; ``meta.json`` records the
+    recipe and ``load_dtype: float32`` (loading upcasts, so evaluation computes as for any checkpoint)."""
+    from ernie5.store.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+    from ernie5.tokenizers.refiner import Refiner
+
+    ckpt = load_checkpoint(resolve_checkpoint(run_dir), fast=False)
+    with torch.no_grad():  # the side models stay fp32: small, and their quantisers are rounding-sensitive
+        for p in ckpt.model.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(torch.bfloat16)
+    refiner = Refiner.load(refiner_dir) if refiner_dir is not None else ckpt.refiner
+    meta = {
+        "reference": {
+            "source_checkpoint": str(ckpt.path),
+            "step": ckpt.meta.get("step"),
+            "recipe": recipe,
+        },
+        "load_dtype": "float32",
+        "weights_dtype": "bfloat16",
+    }
+    return save_checkpoint(
+        out,
+        ckpt.model,
+        tokenizer=ckpt.tokenizer,
+        meta=meta,
+        vision_tokenizer=ckpt.vision_tokenizer,
+        refiner=refiner,
+        audio_codec=ckpt.audio_codec,
+    )
+
+
+def run_recipe(
+    out: str | Path,
+    data_dir: str | Path | None = None,
+    *,
+    overrides: list[str] | None = None,
+    install: bool = False,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Run (or resume) the reference recipe into ``out``; returns ``recipe.json``'s content.
+
+    ``overrides`` are ``STAGE.KEY=VALUE`` strings (``STAGE``: one of :data:`STAGES`) added to that
+    stage's config after the recipe's own, e.g. ``backbone.train.steps=8`` for a smoke run; a
+    resumed recipe must be given the same ones (the stages' configs are compared).
+    """
+    from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
+    from train.config import RunConfig
+    from train.loop import pretrain
+    from train.refiner import RefinerTrainConfig, train_refiner
+    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+
+    extra = split_overrides(overrides or [])
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = resolve_data_dir(data_dir)
+    record_path = out / "recipe.json"
+    record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    inputs = hash_inputs(data_dir)
+    if record.get("inputs_digest") and record["inputs_digest"] != _digest(inputs):
+        raise ConfigError(
+            f"{record_path}: the data root's files differ from the ones this recipe started with "
+            "(resume with the same data root, or start a new --out)"
+        )
+    record.setdefault("provenance", provenance(seed=0))
+    record["data_dir"] = str(data_dir) if data_dir else None
+    record["inputs_digest"] = _digest(inputs)
+    stages: dict[str, Any] = record.setdefault("stages", {})
+
+    def timed(name: str, cfg_text: str, fn: Callable[[], bool]) -> None:
+        t0 = time.perf_counter()
+        trained = fn()
+        entry = stages.setdefault(name, {})
+        entry["config"] = cfg_text
+        if trained:
+            entry["seconds"] = round(time.perf_counter() - t0, 1)  # of the invocation that finished it
+        write_json(record_path, record)
+
+    for name, text in (record.get("overrides") or {}).items():
+        if text != extra.get(name, []):
+            raise ConfigError(
+                f"{record_path}: started with {name} overrides {text}, now {extra.get(name, [])}"
+            )
+    record["overrides"] = extra
+    vcfg = load(VisionTokenizerTrainConfig, None, VISION_OVERRIDES + extra["vision"])
+    timed(
+        "vision",
+        dump(vcfg),
+        lambda: _stage(
+            out / "vision",
+            lambda d: (
+                (d / "tokenizer_3d" / "meta.json").is_file() and (d / "tokenizer_2d" / "meta.json").is_file()
+            ),
+            lambda tmp: train_vision_tokenizer(vcfg, tmp, data_dir),
+            "vision tokenizer",
+            quiet,
+        ),
+    )
+    ccfg = load(AudioCodecTrainConfig, None, CODEC_OVERRIDES + extra["codec"])
+    timed(
+        "codec",
+        dump(ccfg),
+        lambda: _stage(
+            out / "codec",
+            lambda d: (d / "codec" / "meta.json").is_file(),
+            lambda tmp: train_audio_codec(ccfg, tmp, data_dir),
+            "audio codec",
+            quiet,
+        ),
+    )
+    bcfg = load(
+        RunConfig,
+        resolve_config_path(PRESET),
+        [
+            f"data.vision_tokenizer={out / 'vision' / 'tokenizer_3d'}",
+            f"data.audio_codec={out / 'codec' / 'codec'}",
+            *extra["backbone"],
+        ],
+    )
+    backbone = out / "backbone"
+
+    def train_backbone() -> bool:
+        from train.loop import checkpoint_dirs
+
+        if any(c.name == f"step_{bcfg.train.steps:08d}" for c in checkpoint_dirs(backbone)):
+            return False
+        pretrain(bcfg, backbone, resume=(backbone / "config.yaml").is_file(), data_dir=data_dir, quiet=quiet)
+        return True
+
+    timed("backbone", dump(bcfg), train_backbone)
+    rcfg = load(RefinerTrainConfig, None, REFINER_OVERRIDES + extra["refiner"])
+    timed(
+        "refiner",
+        dump(rcfg),
+        lambda: _stage(
+            out / "refiner",
+            lambda d: (d / "refiner" / "meta.json").is_file(),
+            lambda tmp: train_refiner(rcfg, tmp, data_dir, tokenizer_path=out / "vision" / "tokenizer_2d"),
+            "refiner",
+            quiet,
+        ),
+    )
+    recipe = {
+        "command": "ernie5 recipe reference --out DIR --data-dir DATA",
+        "preset": PRESET,
+        "stages": {k: {"seconds": v.get("seconds")} for k, v in stages.items()},
+        "inputs": {k: {"n_files": v["n_files"], "sha256": v["sha256"]} for k, v in inputs.items()},
+        "inputs_digest": record["inputs_digest"],
+    }
+    t0 = time.perf_counter()
+    export_reference(backbone, out / "reference", out / "refiner" / "refiner", recipe)
+    stages["export"] = {"seconds": round(time.perf_counter() - t0, 1)}
+    record["inputs"] = inputs
+    write_json(record_path, record)
+    if install:
+        install_reference(out / "reference")
+    return record
+
+
+def _digest(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(
+        json.dumps({k: v["sha256"] for k, v in inputs.items()}, sort_keys=True).encode()
+    ).hexdigest()
+
+
+def install_reference(folder: Path) -> Path:
+    """Copy an exported reference into the package (``ernie5/reference/``), replacing the old one."""
+    from ernie5.files import publish_folder
+    from ernie5.store.shipped import shipped_dir
+
+    dest = shipped_dir("reference")
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    publish_folder(tmp, dest)
+    return dest

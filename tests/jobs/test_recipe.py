@@ -1,0 +1,123 @@
+"""``ernie5 recipe reference``: every stage, the export, resuming, and refusing a changed recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from ernie5.config import ConfigError
+from jobs.cli import main
+from jobs.recipe import hash_inputs, run_recipe, split_overrides
+
+TINY = [
+    "vision.steps=2",
+    "vision.video_steps=1",
+    "vision.batch_size=4",
+    "vision.video_batch_size=2",
+    "vision.video_image_batch_size=2",
+    "vision.eval_images=4",
+    "vision.eval_clips=2",
+    "codec.steps=2",
+    "codec.batch_size=2",
+    "codec.teacher_fit_crops=8",
+    "codec.teacher_iters=2",
+    "codec.eval_dtmf=2",
+    "refiner.steps=2",
+    "refiner.batch_size=2",
+    "refiner.eval_images=2",
+    "refiner.eval_steps=[1]",
+    "backbone.train.steps=2",
+    "backbone.train.ckpt_every=1",
+    "backbone.data.batch_size=1",
+    "backbone.data.tokenizer_chars=20000",
+]
+"""The reference recipe at smoke scale (same shapes, a few steps per stage)."""
+
+
+@pytest.fixture(scope="module")
+def recipe_dir(tmp_path_factory) -> Path:
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("recipe") / "ref"
+    run_recipe(out, None, overrides=TINY, quiet=True)
+    return out
+
+
+def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir):
+    from ernie5.store.checkpoint import load_checkpoint
+
+    record = json.loads((recipe_dir / "recipe.json").read_text())
+    assert set(record["stages"]) == {"vision", "codec", "refiner", "backbone", "export"}
+    assert all(record["stages"][s]["seconds"] > 0 for s in record["stages"])
+    assert record["overrides"]["backbone"][0] == "train.steps=2"
+    ckpt = load_checkpoint(recipe_dir / "reference")
+    assert ckpt.vision_tokenizer is not None and ckpt.audio_codec is not None and ckpt.refiner is not None
+    assert ckpt.cfg.moe.n_experts >= 64 and ckpt.cfg.moe.top_k >= 4  # the paper's fine-grained sparsity
+    assert all(p.dtype == torch.float32 for p in ckpt.model.parameters())  # load_dtype upcasts
+    params = {n for n, _ in ckpt.model.named_parameters()}
+    with safe_open(recipe_dir / "reference" / "model.safetensors", "pt") as f:
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
+    assert {dtypes[k] for k in dtypes if k in params} == {"BF16"}
+    assert ckpt.meta["reference"]["recipe"]["preset"] == "reference"
+    assert ckpt.meta["reference"]["step"] == 2
+
+
+def test_a_rerun_keeps_finished_stages_and_a_killed_stage_is_redone(recipe_dir, monkeypatch):
+    import train.audio_codec
+    import train.loop
+    import train.refiner
+    import train.vision_tokenizer
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a finished stage was trained again")
+
+    for module, name in (
+        (train.vision_tokenizer, "train_vision_tokenizer"),
+        (train.audio_codec, "train_audio_codec"),
+        (train.loop, "pretrain"),
+    ):
+        monkeypatch.setattr(module, name, must_not_train)
+    # the refiner stage was killed: an incomplete folder and a temporary one are left
+    (recipe_dir / "refiner" / "refiner" / "meta.json").unlink()
+    (recipe_dir / ".refiner.tmp").mkdir()
+    calls = []
+    real = train.refiner.train_refiner
+
+    def count(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train.refiner, "train_refiner", count)
+    run_recipe(recipe_dir, None, overrides=TINY, quiet=True)
+    assert calls == [1] and (recipe_dir / "refiner" / "refiner" / "meta.json").is_file()
+    assert not (recipe_dir / ".refiner.tmp").exists()
+
+
+def test_a_resumed_recipe_must_keep_its_overrides(recipe_dir):
+    with pytest.raises(ConfigError, match="started with backbone overrides"):
+        run_recipe(recipe_dir, None, overrides=[o for o in TINY if o != "backbone.train.steps=2"])
+
+
+def test_bad_overrides_are_one_line_errors_before_anything_is_written(tmp_path, capsys):
+    assert main(["recipe", "reference", "--out", str(tmp_path / "r"), "--set", "train.steps=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "expected STAGE.KEY=VALUE" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+    assert split_overrides(["codec.steps=3"])["codec"] == ["steps=3"]
+
+
+def test_inputs_are_hashed_per_data_folder(tmp_path):
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "mnist" / "a.gz").write_bytes(b"x")
+    (tmp_path / "other").mkdir()  # not read by the recipe: not hashed
+    (tmp_path / "other" / "b").write_bytes(b"y")
+    inputs = hash_inputs(tmp_path)
+    assert list(inputs) == ["mnist"] and inputs["mnist"]["n_files"] == 1
+    assert list(inputs["mnist"]["files"]) == ["mnist/a.gz"]
+    before = inputs["mnist"]["sha256"]
+    (tmp_path / "mnist" / "a.gz").write_bytes(b"z")
+    assert hash_inputs(tmp_path)["mnist"]["sha256"] != before
+    assert hash_inputs(None) == {}
