@@ -459,7 +459,8 @@ def load_checkpoint(
         path: the checkpoint directory (see :func:`resolve_checkpoint` for run folders).
         device: where the model's tensors are placed.
         dtype: cast floating-point parameters to this dtype (buffers such as the router bias keep
-            their saved dtype); None keeps the saved dtypes.
+            their saved dtype); None keeps the saved dtypes, unless ``meta.json`` names a
+            ``load_dtype`` (a shipped checkpoint stores bf16 weights and computes in float32).
         verify: check every file's size and sha256 against ``meta.json`` first.
         fast: apply :func:`ernie5.fast.apply_fast_paths` to the model (False: the eager maths,
             e.g. for a trainer that applies them to its own compute copy).
@@ -471,6 +472,8 @@ def load_checkpoint(
     path = Path(path)
     meta = _read_meta(path)
     _check_files(path, meta["files"], verify)
+    if dtype is None and meta.get("load_dtype") in ("float32", "bfloat16"):
+        dtype = getattr(torch, meta["load_dtype"])
     try:
         cfg = from_dict(ModelConfig, read_yaml(path / CONFIG_FILE))
     except ConfigError as e:
@@ -583,13 +586,24 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """The checkpoint ``path`` names: itself, or a run folder's newest complete checkpoint.
+    """The checkpoint ``path`` names: a shipped checkpoint's name (``reference``, see
+    ``ernie5.store.shipped``), a checkpoint folder, or a run folder's newest complete checkpoint.
 
     Hidden temp directories and step directories without ``meta.json`` are ignored.
 
     Raises:
-        CheckpointError: ``path`` is neither, or the run folder has no complete checkpoint.
+        CheckpointError: ``path`` is none of these, or the run folder has no complete checkpoint.
     """
+    from ernie5.store.shipped import is_shipped_name, shipped_dir
+
+    if is_shipped_name(path):
+        folder = shipped_dir(str(path))
+        if not (folder / META_FILE).is_file():
+            raise CheckpointError(
+                f"the shipped checkpoint {path!r} is missing from this install ({folder}); "
+                f"reinstall the package, or rebuild it with `ernie5 recipe {path} --out DIR --install`"
+            )
+        return folder
     path = Path(path)
     if (path / META_FILE).is_file() and not (path / "checkpoints").is_dir():
         return path  # a checkpoint (load_checkpoint reports any file it lacks)
