@@ -100,10 +100,36 @@ def test_nightly_passes_the_unsafe_code_flag_and_the_failed_units_on(tmp_path, m
     assert seen == [False, True]
 
 
+def test_nightly_sweeps_the_shipped_reference_by_default(tmp_path, monkeypatch):
+    """No --checkpoint: the shipped reference model is swept; nothing is trained."""
+    import evals.sweep
+    import train.loop
+    from jobs.nightly import run_nightly
+
+    seen = []
+
+    def sweep(checkpoint, *args, **kwargs):
+        seen.append(checkpoint)
+        raise KeyboardInterrupt
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the nightly must not train")
+
+    monkeypatch.setattr(evals.sweep, "run_sweep", sweep)
+    monkeypatch.setattr(train.loop, "pretrain", no_training)
+    with pytest.raises(KeyboardInterrupt):
+        run_nightly(out=tmp_path / "o", quiet=True)
+    assert seen == ["reference"]
+
+
 @pytest.mark.slow
-def test_nightly_from_scratch_on_a_fresh_machine_within_10_minutes(tmp_path):
-    """No arguments, no data root, empty cache: trains the mini model, sweeps, reports."""
+def test_nightly_on_a_fresh_machine_within_10_minutes(tmp_path):
+    """No arguments, no data root, empty cache: sweeps the shipped reference and reports, with every
+    task that needs no data computed in all four modalities."""
+    import pandas as pd
+
     env = cli_env(HOME=str(tmp_path / "home"), ERNIE5_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("ERNIE5_DATA_DIR", None)
     t0 = time.perf_counter()
     r = subprocess.run(
         [sys.executable, "-m", "jobs.cli", "nightly", "--quiet"],
@@ -119,32 +145,12 @@ def test_nightly_from_scratch_on_a_fresh_machine_within_10_minutes(tmp_path):
     assert len(runs) == 1
     summary = json.loads((runs[0] / "nightly.json").read_text())
     assert summary["errors"] == 0 and summary["computed"] > 0
+    assert summary["checkpoint"] == "reference"
+    units = pd.read_csv(runs[0] / "units.csv")
+    skipped = units[units["status"] == "skipped"]
+    # only tasks that need the data root are skipped, and every modality has computed tasks
+    assert skipped["reason"].str.contains("data", case=False).all(), skipped.to_string()
+    results = pd.read_csv(runs[0] / "results.csv")
+    assert {"text", "image", "video", "audio"} <= set(results["modality"]), set(results["modality"])
     assert (runs[0] / "report" / "index.html").is_file()
     assert elapsed < 600, f"nightly took {elapsed:.0f}s"
-
-
-def test_cached_side_model_is_trained_once_and_complete_or_absent(tmp_path, monkeypatch):
-    from jobs.nightly import _cached_folder, _train_once
-
-    monkeypatch.setenv("ERNIE5_CACHE_DIR", str(tmp_path))
-    out = _cached_folder("codecs", "audio", ["cfg", True])
-    assert out.parent == tmp_path / "codecs" and out == _cached_folder("codecs", "audio", ["cfg", True])
-    assert out != _cached_folder("codecs", "audio", ["cfg", False])
-    calls = []
-
-    def crash(tmp):
-        (tmp / "codec").mkdir(parents=True)
-        raise RuntimeError("killed")
-
-    with pytest.raises(RuntimeError):
-        _train_once(out, "codec", "audio codec", True, crash)
-    assert not out.exists()
-
-    def train(tmp):
-        calls.append(tmp)
-        (tmp / "codec").mkdir(parents=True)
-        (tmp / "codec" / "meta.json").write_text("{}")
-
-    assert _train_once(out, "codec", "audio codec", True, train) == out / "codec"
-    assert _train_once(out, "codec", "audio codec", True, train) == out / "codec"
-    assert len(calls) == 1 and (out / "codec" / "meta.json").is_file()
