@@ -38,12 +38,12 @@ from ernie5.sequence.segments import Batch, Segment, pack, text_segment
 from ernie5.sequence.vision import (
     encode_media,
     generation_segment,
-    media_markers,
+    media_document,
     prompt_ids,
     to_pixels,
     understanding_segment,
 )
-from ernie5.tokenizers.special import BOA, BOS, EOA, EOS
+from ernie5.tokenizers.special import BOS, EOS
 from ernie5.tokenizers.text import TextTokenizer
 from train.config import DataConfig
 
@@ -290,21 +290,12 @@ class MixtureStream:
                 codes = encoded[id(doc)]
                 if doc.kind == "gen":
                     seg = audio_docs.generation_segment(codes, doc.speaker)
-                    out.append([text_segment([BOS, *p_ids, BOA]), seg, text_segment([EOA, EOS])])
                 else:
-                    answer = Segment("audio", token_ids=torch.tensor([*text_ids, EOS]))
                     seg = audio_docs.understanding_segment(codes)
-                    out.append([text_segment([BOS, BOA]), seg, text_segment([EOA], loss=False), answer])
+                out.append(audio_docs.audio_document(seg, doc.kind, p_ids, text_ids))
                 continue
-            seg = encoded[id(doc)]
             frames = doc.media.shape[0] if doc.clip else 1
-            begin, end = media_markers(frames)
-            modality = "video" if frames > 1 else "image"
-            if doc.kind == "gen":
-                out.append([text_segment([BOS, *p_ids, begin]), seg, text_segment([end, EOS])])
-            else:
-                answer = Segment(modality, token_ids=torch.tensor([*text_ids, EOS]))
-                out.append([text_segment([BOS, begin]), seg, text_segment([end], loss=False), answer])
+            out.append(media_document(encoded[id(doc)], doc.kind, frames, p_ids, text_ids))
         return out
 
     def _encode(self, media: list[MediaDoc], rng: random.Random) -> dict[int, Segment]:

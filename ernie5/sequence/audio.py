@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ernie5.sequence.segments import AudioSeg, Segment
+from ernie5.sequence.segments import AudioSeg, Segment, text_segment
+from ernie5.tokenizers.special import BOA, BOS, EOA, EOS
 
 
 @torch.inference_mode()
@@ -50,3 +51,12 @@ def understanding_segment(codes_NQ: torch.Tensor) -> Segment:
 def generation_segment(codes_NQ: torch.Tensor, speaker: int = -1) -> Segment:
     """A synthesis segment: a start (speaker) position, the frames, NCP targets and END."""
     return Segment("audio", audio=AudioSeg(codes_NQ, start=True, speaker=speaker, targets=True))
+
+
+def audio_document(segment: Segment, kind: str, prompt: list[int], answer: list[int]) -> list[Segment]:
+    """The segments of one audio document: ``BOS <prompt> BOA <segment> EOA EOS`` for synthesis
+    (``kind == "gen"``), else ``BOS BOA <segment> EOA`` then ``answer`` with EOS (audio modality)."""
+    if kind == "gen":
+        return [text_segment([BOS, *prompt, BOA]), segment, text_segment([EOA, EOS])]
+    answer_seg = Segment("audio", token_ids=torch.tensor([*answer, EOS]))
+    return [text_segment([BOS, BOA]), segment, text_segment([EOA], loss=False), answer_seg]

@@ -21,8 +21,8 @@ import torch
 from ernie5.model.config import VisionConfig
 from ernie5.model.inputs import VisionGen, VisionUnd
 from ernie5.model.vision import nfsp_layout, scale_loss_weights, und_layout
-from ernie5.sequence.segments import Segment
-from ernie5.tokenizers.special import BOI, BOV, EOI, EOV
+from ernie5.sequence.segments import Segment, text_segment
+from ernie5.tokenizers.special import BOI, BOS, BOV, EOI, EOS, EOV
 
 
 def to_pixels(media: np.ndarray, clip: bool) -> torch.Tensor:
@@ -159,3 +159,20 @@ def prompt_ids(tokenizer, prompt: str) -> list[int]:
 def media_markers(n_frames: int) -> tuple[int, int]:
     """(begin, end) special tokens of an image (BOI/EOI) or a clip (BOV/EOV)."""
     return (BOV, EOV) if n_frames > 1 else (BOI, EOI)
+
+
+def media_document(
+    segment: Segment, kind: str, n_frames: int, prompt: list[int], answer: list[int]
+) -> list[Segment]:
+    """The segments of one image or clip document, as every consumer lays it out.
+
+    ``kind == "gen"``: ``BOS <prompt> BOI|BOV <segment> EOI|EOV EOS`` (``prompt`` may be empty, the
+    classifier-free-guidance dropout); otherwise (understanding): ``BOS BOI|BOV <segment> EOI|EOV``
+    then ``answer`` (question and answer ids) with EOS, in the image or video modality.
+    """
+    begin, end = media_markers(n_frames)
+    if kind == "gen":
+        return [text_segment([BOS, *prompt, begin]), segment, text_segment([end, EOS])]
+    modality = "video" if n_frames > 1 else "image"
+    answer_seg = Segment(modality, token_ids=torch.tensor([*answer, EOS]))
+    return [text_segment([BOS, begin]), segment, text_segment([end], loss=False), answer_seg]

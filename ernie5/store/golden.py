@@ -74,14 +74,14 @@ from ernie5.sequence.segments import Segment, pack, text_segment
 from ernie5.sequence.vision import (
     encode_media,
     generation_segment,
-    media_markers,
+    media_document,
     prompt_ids,
     to_pixels,
     understanding_segment,
 )
 from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint, resolve_checkpoint
 from ernie5.subnets.resolve import resolve_specs
-from ernie5.tokenizers.special import BOA, BOS, EOA, EOS
+from ernie5.tokenizers.special import BOS
 
 FORMAT = 1
 """Version of the golden JSON layout."""
@@ -125,15 +125,10 @@ def _image_und_doc(ckpt: Checkpoint) -> list[Segment]:
     scene = _scene()
     image_HW3 = shapes.render(scene, ckpt.cfg.vision.image_size)
     enc = encode_media(ckpt.vision_tokenizer, to_pixels(image_HW3, clip=False), codes=False)
-    begin, end = media_markers(1)
     qa = shapes.attribute_questions(scene, random.Random(f"{SEED}/question"))[0]
     answer = ckpt.tokenizer.encode(qa_text(qa.question, qa.answer))
-    return [
-        text_segment([BOS, begin]),
-        understanding_segment(ckpt.cfg.vision, enc.pixels[0], enc.cnn[0]),
-        text_segment([end], loss=False),
-        Segment("image", token_ids=torch.tensor([*answer, EOS])),
-    ]
+    seg = understanding_segment(ckpt.cfg.vision, enc.pixels[0], enc.cnn[0])
+    return media_document(seg, "und", 1, [], answer)
 
 
 def _image_gen_doc(ckpt: Checkpoint) -> list[Segment]:
@@ -144,12 +139,8 @@ def _image_gen_doc(ckpt: Checkpoint) -> list[Segment]:
     enc = encode_media(vt, to_pixels(image_HW3, clip=False), codes=True, flip_prob=0.0)
     bits = [b[0] for b in enc.bits]
     input_bits = [b[0] for b in enc.input_bits]
-    begin, end = media_markers(1)
-    return [
-        text_segment([BOS, *prompt_ids(ckpt.tokenizer, shapes.prompt_for(scene)), begin]),
-        generation_segment(vt, ckpt.cfg.vision, bits, input_bits),
-        text_segment([end, EOS]),
-    ]
+    seg = generation_segment(vt, ckpt.cfg.vision, bits, input_bits)
+    return media_document(seg, "gen", 1, prompt_ids(ckpt.tokenizer, shapes.prompt_for(scene)), [])
 
 
 def _clip_und_doc(ckpt: Checkpoint) -> list[Segment]:
@@ -161,14 +152,9 @@ def _clip_und_doc(ckpt: Checkpoint) -> list[Segment]:
         shape, direction, rng, n_frames=CLIP_FRAMES, size=ckpt.cfg.vision.image_size
     )
     enc = encode_media(ckpt.vision_tokenizer, to_pixels(clip_THW3, clip=True), codes=False)
-    begin, end = media_markers(CLIP_FRAMES)
     answer = ckpt.tokenizer.encode(qa_text(MOTION_QUESTION, direction))
-    return [
-        text_segment([BOS, begin]),
-        understanding_segment(ckpt.cfg.vision, enc.pixels[0], enc.cnn[0]),
-        text_segment([end], loss=False),
-        Segment("video", token_ids=torch.tensor([*answer, EOS])),
-    ]
+    seg = understanding_segment(ckpt.cfg.vision, enc.pixels[0], enc.cnn[0])
+    return media_document(seg, "und", CLIP_FRAMES, [], answer)
 
 
 def _dtmf_codes(ckpt: Checkpoint) -> tuple[torch.Tensor, str]:
@@ -185,22 +171,14 @@ def _audio_und_doc(ckpt: Checkpoint) -> list[Segment]:
     """``BOS BOA <frames> EOA`` then the transcript."""
     codes_NQ, words = _dtmf_codes(ckpt)
     answer = ckpt.tokenizer.encode(transcript_text(words))
-    return [
-        text_segment([BOS, BOA]),
-        audio_docs.understanding_segment(codes_NQ),
-        text_segment([EOA], loss=False),
-        Segment("audio", token_ids=torch.tensor([*answer, EOS])),
-    ]
+    return audio_docs.audio_document(audio_docs.understanding_segment(codes_NQ), "und", [], answer)
 
 
 def _audio_gen_doc(ckpt: Checkpoint) -> list[Segment]:
     """``BOS <Dial: ...> BOA <start> <frames> EOA EOS`` with NCP targets."""
     codes_NQ, words = _dtmf_codes(ckpt)
-    return [
-        text_segment([BOS, *prompt_ids(ckpt.tokenizer, dial_prompt(words)), BOA]),
-        audio_docs.generation_segment(codes_NQ),
-        text_segment([EOA, EOS]),
-    ]
+    prompt = prompt_ids(ckpt.tokenizer, dial_prompt(words))
+    return audio_docs.audio_document(audio_docs.generation_segment(codes_NQ), "gen", prompt, [])
 
 
 _DOCS: dict[str, Callable[[Checkpoint], list[Segment]]] = {
