@@ -15,18 +15,16 @@ import math
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from reports.load import load_run
-from reports.scores import Z95, above_chance, primary_scores
+from reports.scores import REFERENCE, Z95, primary_scores, relative_scores
 
 MODALITY_ORDER = ("text", "image", "video", "audio")
 
 
 def _cell(value: float, stderr: float) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if math.isnan(value):
         return "–"
-    if stderr is None or math.isnan(stderr):
+    if math.isnan(stderr):
         return f"{value:.3f}"
     return f"{value:.3f} ± {Z95 * stderr:.3f}"
 
@@ -34,51 +32,31 @@ def _cell(value: float, stderr: float) -> str:
 def score_table(run_dir: str | Path) -> str:
     """The Markdown score table of one run (see the module docstring)."""
     run = load_run(run_dir)
-    rows = primary_scores(run.results)
-    subnets = list(dict.fromkeys(["full", *rows["subnet"]]))
-    subnets = [s for s in subnets if s in set(rows["subnet"])]
-    base = None
-    if run.baseline_results is not None and run.baseline is not None:
-        base = run.baseline_results.set_index(["task", "metric"])
+    rows = relative_scores(primary_scores(run.results), baseline=run.baseline_results)
+    subnets = [s for s in dict.fromkeys([REFERENCE, *rows["subnet"]]) if s in set(rows["subnet"])]
+    has_baseline = run.baseline is not None and run.baseline_results is not None
     order = {m: i for i, m in enumerate(MODALITY_ORDER)}
     tasks = (
-        rows[["task", "metric", "modality", "higher_is_better"]]
-        .drop_duplicates("task")
+        rows.drop_duplicates("task")
         .assign(_o=lambda d: d["modality"].map(order).fillna(len(order)))
         .sort_values(["_o", "task"])
     )
-    header = ["task", "metric", "n", *subnets, *([run.baseline] if base is not None else [])]
+    header = ["task", "metric", "n", *subnets, *([run.baseline] if has_baseline else [])]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     by = rows.set_index(["subnet", "task"])
     for _, t in tasks.iterrows():
-        cells, n = [], ""
-        for s in subnets:
-            if (s, t["task"]) in by.index:
-                r = by.loc[(s, t["task"])]
-                cells.append(_cell(float(r["value"]), float(r["stderr"])))
-                n = n or str(int(r["n"]))
-            else:
-                cells.append("–")
+        cells = [
+            _cell(float(by.loc[(s, t["task"]), "value"]), float(by.loc[(s, t["task"]), "stderr"]))
+            if (s, t["task"]) in by.index
+            else "–"
+            for s in subnets
+        ]
         label = t["task"]
-        if base is not None:
-            key = (t["task"], t["metric"])
-            if key in base.index:
-                b = base.loc[key]
-                cells.append(_cell(float(b["value"]), float(b["stderr"])))
-                if "full" in subnets and ("full", t["task"]) in by.index:
-                    f = by.loc[("full", t["task"])]
-                    ok = above_chance(
-                        float(f["value"]),
-                        float(f["stderr"]),
-                        float(b["value"]),
-                        float(b["stderr"]),
-                        bool(t["higher_is_better"]),
-                    )
-                    label += "" if ok else " (at chance)"
-            else:
-                cells.append("–")
+        if has_baseline:
+            cells.append(_cell(float(t["rand_value"]), float(t["rand_stderr"])))
+            label += " (at chance)" if t["above_chance"] is False else ""
         arrow = "↑" if t["higher_is_better"] else "↓"
-        lines.append("| " + " | ".join([label, f"{t['metric']} {arrow}", n, *cells]) + " |")
+        lines.append("| " + " | ".join([label, f"{t['metric']} {arrow}", str(int(t["n"])), *cells]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -97,5 +75,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    pd.set_option("display.width", 200)
     sys.exit(main())

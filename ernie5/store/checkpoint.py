@@ -594,10 +594,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     Raises:
         CheckpointError: ``path`` is none of these, or the run folder has no complete checkpoint.
     """
-    from ernie5.store.shipped import is_shipped_name, shipped_dir
+    from ernie5.store import shipped  # looked up at call time (the package folder may be patched)
 
-    if is_shipped_name(path):
-        folder = shipped_dir(str(path))
+    if shipped.is_shipped_name(path):
+        folder = shipped.shipped_dir(str(path))
         if not (folder / META_FILE).is_file():
             raise CheckpointError(
                 f"the shipped checkpoint {path!r} is missing from this install ({folder}); "
