@@ -90,3 +90,42 @@ def without_manifest(path) -> None:
         return
     if isinstance(meta, dict) and meta.pop("files", None) is not None:
         (path / "meta.json").write_text(json.dumps(meta))
+
+
+def micro_multimodal_parts():
+    """An untrained micro model with vision and audio and its side parts, seeded:
+    ``(model, text tokenizer, 3D vision tokenizer, audio codec)`` (for checkpoint-level tests)."""
+    from ernie5.config import load
+    from ernie5.model.model import Ernie5Model
+    from ernie5.presets import resolve_config_path
+    from ernie5.tokenizers.audio_codec import AudioCodec
+    from ernie5.tokenizers.audio_config import AudioCodecConfig
+    from ernie5.tokenizers.text import TextTokenizer
+    from ernie5.tokenizers.vision import VisionTokenizer
+    from ernie5.tokenizers.vision_config import VisionTokenizerConfig
+    from train.config import RunConfig
+
+    torch.manual_seed(0)
+    cfg = load(
+        RunConfig,
+        resolve_config_path("micro"),
+        [
+            "model.vision.enabled=true",
+            "model.vision.cnn_channels=16",
+            "model.vision.latent_bits=6",
+            "model.vision.vit_dim=16",
+            "model.vision.vit_layers=1",
+            "model.vision.vit_heads=2",
+            "model.audio.enabled=true",
+            "model.audio.n_levels=2",
+            "model.audio.codebook_size=16",
+        ],
+    ).model
+    vtok = VisionTokenizer(
+        VisionTokenizerConfig(base_channels=8, channel_mult=(1, 2), norm_groups=4, latent_bits=6, mode="3d")
+    )
+    codec = AudioCodec(
+        AudioCodecConfig(channels=4, max_channels=16, latent_dim=8, n_levels=2, codebook_size=16)
+    )
+    corpus = [f"Question: which digit is spoken? Answer: {w}." for w in ("one", "two", "three")] * 50
+    return Ernie5Model(cfg), TextTokenizer.train(corpus, 300), vtok, codec

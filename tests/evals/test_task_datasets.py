@@ -258,21 +258,7 @@ def test_without_the_option_kwargs_and_unit_fingerprints_are_unchanged(tmp_path)
         assert plan.fingerprint == _hash(old)
 
 
-@pytest.fixture(scope="module")
-def one_step_ckpt(tmp_path_factory) -> Path:
-    """The micro model after one step: enough to answer requests."""
-    from ernie5.config import load
-    from ernie5.presets import resolve_config_path
-    from train.config import RunConfig
-    from train.loop import checkpoint_dirs, pretrain
-
-    run = tmp_path_factory.mktemp("ckpt") / "run"
-    cfg = load(RunConfig, resolve_config_path("micro"), ["train.steps=1", "data.tokenizer_chars=3000"])
-    pretrain(cfg, run, quiet=True)
-    return checkpoint_dirs(run)[-1]
-
-
-def test_a_sweep_unit_reads_the_mirror_and_reruns_when_it_changes(one_step_ckpt, tmp_path):
+def test_a_sweep_unit_reads_the_mirror_and_reruns_when_it_changes(micro_ckpt, tmp_path):
     from evals.results import read_unit, unit_path
     from evals.sweep import run_sweep
 
@@ -285,10 +271,10 @@ def test_a_sweep_unit_reads_the_mirror_and_reruns_when_it_changes(one_step_ckpt,
     )
     out, no_root = tmp_path / "run", tmp_path / "no-data"
     no_root.mkdir()
-    first = run_sweep(one_step_ckpt, suite, out, data_dir=no_root, quiet=True)
+    first = run_sweep(micro_ckpt, suite, out, data_dir=no_root, quiet=True)
     unit = read_unit(unit_path(out, "full", "arc_easy"))
     assert first.computed == 1 and unit["status"] == "ok" and unit["n_examples"] == 3
     assert unit["kwargs"]["dataset"]["path"] == mirror
-    assert run_sweep(one_step_ckpt, suite, out, data_dir=no_root, quiet=True).reused == 1
+    assert run_sweep(micro_ckpt, suite, out, data_dir=no_root, quiet=True).reused == 1
     _jsonl(tmp_path / "mirror", test=[dict(r, question=r["question"] + " ") for r in ARC_ROWS])
-    assert run_sweep(one_step_ckpt, suite, out, data_dir=no_root, quiet=True).computed == 1
+    assert run_sweep(micro_ckpt, suite, out, data_dir=no_root, quiet=True).computed == 1

@@ -7,48 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ernie5.config import load
-from ernie5.model.model import Ernie5Model
 from ernie5.model.rope import inv_frequencies
-from ernie5.presets import resolve_config_path
 from ernie5.store import golden
 from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
-from ernie5.tokenizers.audio_codec import AudioCodec
-from ernie5.tokenizers.audio_config import AudioCodecConfig
-from ernie5.tokenizers.text import TextTokenizer
-from ernie5.tokenizers.vision import VisionTokenizer
-from ernie5.tokenizers.vision_config import VisionTokenizerConfig
-from train.config import RunConfig
+from tests.conftest import micro_multimodal_parts
 
 
 @pytest.fixture(scope="module")
 def micro_reference(tmp_path_factory):
     """A micro vision + audio model saved as ``jobs.recipe.export_reference`` saves the reference
     (the multimodal fixture of ``tests/subnets/test_extract.py``, without the refiner)."""
-    torch.manual_seed(0)
-    cfg = load(
-        RunConfig,
-        resolve_config_path("micro"),
-        [
-            "model.vision.enabled=true",
-            "model.vision.cnn_channels=16",
-            "model.vision.latent_bits=6",
-            "model.vision.vit_dim=16",
-            "model.vision.vit_layers=1",
-            "model.vision.vit_heads=2",
-            "model.audio.enabled=true",
-            "model.audio.n_levels=2",
-            "model.audio.codebook_size=16",
-        ],
-    ).model
-    vtok = VisionTokenizer(
-        VisionTokenizerConfig(base_channels=8, channel_mult=(1, 2), norm_groups=4, latent_bits=6, mode="3d")
-    )
-    codec = AudioCodec(
-        AudioCodecConfig(channels=4, max_channels=16, latent_dim=8, n_levels=2, codebook_size=16)
-    )
-    corpus = [f"Question: which digit is spoken? Answer: {w}." for w in ("one", "two", "three")] * 50
-    model = Ernie5Model(cfg)
+    model, tok, vtok, codec = micro_multimodal_parts()
     with torch.no_grad():
         for p in model.parameters():
             p.data = p.data.to(torch.bfloat16)
@@ -56,7 +25,7 @@ def micro_reference(tmp_path_factory):
     save_checkpoint(
         path,
         model,
-        tokenizer=TextTokenizer.train(corpus, 300),
+        tokenizer=tok,
         meta={"load_dtype": "float32", "weights_dtype": "bfloat16"},
         vision_tokenizer=vtok,
         audio_codec=codec,

@@ -9,21 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from ernie5.config import load
 from ernie5.data.dtmf import dtmf_utterance
-from ernie5.model.model import Ernie5Model
-from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
 from ernie5.subnets.extract import extract_checkpoint, side_models
-from ernie5.tokenizers.audio_codec import AudioCodec
-from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.refiner import Refiner, RefinerConfig
-from ernie5.tokenizers.text import TextTokenizer
-from ernie5.tokenizers.vision import VisionTokenizer
-from ernie5.tokenizers.vision_config import VisionTokenizerConfig
 from evals.adapter import Ernie5EvalModel
 from evals.api import LoglikelihoodRequest, MediaPart, ReconstructionRequest, RefineRequest
-from train.config import RunConfig
+from tests.conftest import micro_multimodal_parts
 
 SIDE = ("vision_tokenizer", "audio_codec", "refiner")
 
@@ -32,37 +24,14 @@ SIDE = ("vision_tokenizer", "audio_codec", "refiner")
 def multimodal_ckpt(tmp_path_factory):
     """A micro model with vision and audio, its text tokenizer, vision tokenizer, codec and refiner
     (untrained: extraction copies weights, it does not need good ones)."""
-    torch.manual_seed(0)
-    cfg = load(
-        RunConfig,
-        resolve_config_path("micro"),
-        [
-            "model.vision.enabled=true",
-            "model.vision.cnn_channels=16",
-            "model.vision.latent_bits=6",
-            "model.vision.vit_dim=16",
-            "model.vision.vit_layers=1",
-            "model.vision.vit_heads=2",
-            "model.audio.enabled=true",
-            "model.audio.n_levels=2",
-            "model.audio.codebook_size=16",
-        ],
-    ).model
-    vtok = VisionTokenizer(
-        VisionTokenizerConfig(base_channels=8, channel_mult=(1, 2), norm_groups=4, latent_bits=6, mode="3d")
-    )
-    codec = AudioCodec(
-        AudioCodecConfig(channels=4, max_channels=16, latent_dim=8, n_levels=2, codebook_size=16)
-    )
+    model, tok, vtok, codec = micro_multimodal_parts()
     refiner = Refiner(
         RefinerConfig(low_size=16, channels=(16, 32), n_res_blocks=1, time_dim=32, sample_steps=2)
     )
-    corpus = [f"Question: which digit is spoken? Answer: {w}." for w in ("one", "two", "three")] * 50
-    tok = TextTokenizer.train(corpus, 300)
     path = tmp_path_factory.mktemp("mm") / "ckpt"
     save_checkpoint(
         path,
-        Ernie5Model(cfg),
+        model,
         tokenizer=tok,
         meta={"step": 0},
         vision_tokenizer=vtok,
