@@ -7,8 +7,8 @@ cost more than the arithmetic. :class:`FastBlock` runs such a step as one ``deco
 :data:`~ernie5.kernels.ops.ROWS_MAX` token rows, nothing to differentiate, no autocast, on CPU in
 bf16 or fp32 with the decoding kernels built, a dense or no mask, and a shape the kernels take)
 and tells the blocks through the layer context; each block then checks its own layer (weights in
-the step's dtype, experts the kernel takes, the ``gather`` expert path) and otherwise runs its
-modules.
+the step's dtype, experts the kernel takes, the ``gather`` expert path, no routing replay) and
+otherwise runs its modules.
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ class FastBlock(Block):
 
     _plan: tuple | None = None
 
-    def __call__(self, x_BTD, ctx, layer, top_k=None, expert_mask_E=None):
+    def __call__(self, x_BTD, ctx, layer, top_k=None, expert_mask_E=None, forced_ids_BTA=None):
+        if forced_ids_BTA is not None:  # routing replay: the kernel routes by itself
+            return super().__call__(x_BTD, ctx, layer, top_k, expert_mask_E, forced_ids_BTA)
         if ctx.__class__ is StepContext and ctx.fused_decode and not self._hooked():
             step = self._decode_step(x_BTD, ctx, layer, top_k, expert_mask_E)
             if step is not None:
@@ -131,7 +133,9 @@ class FastBlock(Block):
             or module_hooks._global_backward_pre_hooks
         )
 
-    def forward(self, x_BTD, ctx, layer, top_k=None, expert_mask_E=None):  # noqa: D102
+    def forward(self, x_BTD, ctx, layer, top_k=None, expert_mask_E=None, forced_ids_BTA=None):  # noqa: D102
+        if forced_ids_BTA is not None:  # routing replay: the module path
+            return super().forward(x_BTD, ctx, layer, top_k, expert_mask_E, forced_ids_BTA)
         if isinstance(ctx, StepContext) and ctx.fused_decode:
             step = self._decode_step(x_BTD, ctx, layer, top_k, expert_mask_E)
             if step is not None:

@@ -5,7 +5,8 @@
 
 * ``route``: on CPU, the fp32 router logits from bf16 activations without fp32 copies
   (``router_logits``), and scores, biased top-k, gates and counts in one pass (``route_topk``);
-  runs with a balance or z loss keep the eager scores, which they need.
+  runs with a balance or z loss keep the eager scores, which they need, and so do routing replays
+  (forced expert ids, the reference :func:`~ernie5.model.moe.select_experts`).
 * ``experts``, one of four paths with the semantics of the reference loop:
 
   - ``sorted``: padded batched GEMMs (:mod:`ernie5.fast.moe_levels`); what ``auto`` trains with on
@@ -101,7 +102,7 @@ class FastMoE(MoE):
     path: str = "auto"
     grad_squares: GradSquares | None = None
 
-    def route(self, x_ND, top_k, expert_mask_E, seq_len):  # noqa: D102
+    def route(self, x_ND, top_k, expert_mask_E, seq_len, forced_ids_NA=None):  # noqa: D102
         with torch.autocast(x_ND.device.type, enabled=False):  # fp32 logits under autocast too
             if ops.router_fusable(x_ND, self.router.weight):
                 logits_NE = ops.router_logits(x_ND, self.router.weight)
@@ -109,8 +110,10 @@ class FastMoE(MoE):
                 logits_NE = router_logits(x_ND, self.router.weight)
         cfg = self.cfg
         needs_scores = torch.is_grad_enabled() and (cfg.aux_loss_coef > 0 or cfg.z_loss_coef > 0)
-        if needs_scores or not ops.fusable(logits_NE):
-            return select_experts(logits_NE, self.router_bias, cfg, top_k, expert_mask_E, seq_len)
+        if needs_scores or forced_ids_NA is not None or not ops.fusable(logits_NE):
+            return select_experts(
+                logits_NE, self.router_bias, cfg, top_k, expert_mask_E, seq_len, forced_ids_NA
+            )
         ids, gates, counts = ops.route_topk(
             logits_NE,
             self.router_bias,

@@ -35,11 +35,18 @@ class Block(nn.Module):
         layer: int,
         top_k: int | None = None,
         expert_mask_E: torch.Tensor | None = None,
+        forced_ids_BTA: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, RouterOutput | None]:
-        """``(x_BTD, routing)`` after this layer; ``layer`` indexes the KV cache."""
+        """``(x_BTD, routing)`` after this layer; ``layer`` indexes the KV cache.
+        ``forced_ids_BTA`` replays an MoE layer's expert selection (:class:`~ernie5.model.moe.MoE`)."""
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), ctx, layer)
         h_BTD = self.ffn_norm(x_BTD)
         if isinstance(self.ffn, MoE):
-            y_BTD, r = self.ffn(h_BTD, top_k, expert_mask_E)
+            if forced_ids_BTA is None:
+                y_BTD, r = self.ffn(h_BTD, top_k, expert_mask_E)
+            else:
+                y_BTD, r = self.ffn(h_BTD, top_k, expert_mask_E, forced_ids_BTA)
             return x_BTD + y_BTD, r
+        if forced_ids_BTA is not None:
+            raise ValueError(f"routing replay: layer {layer} is a dense layer (no experts to replay)")
         return x_BTD + self.ffn(h_BTD), None

@@ -170,6 +170,7 @@ class Ernie5Model(nn.Module):
         targets: Targets | torch.Tensor | None = None,
         audio_sampler: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
         return_logits: bool = True,
+        routing_replay: dict[int, torch.Tensor] | None = None,
     ) -> ModelOutput:
         """Run the (sub-)model on a packed batch.
 
@@ -184,6 +185,11 @@ class Ernie5Model(nn.Module):
             audio_sampler: at inference, ``(level, logits_PK) -> codes_P`` picks each NCP level's
                 code; its embedding is added to the hidden state before the next level's head.
             return_logits: also return the text logits of every position.
+            routing_replay: Rollout Routing Replay (R3): MoE layer index -> ``(B, T, A)`` int64
+                expert ids for this forward's positions (``A`` = the subnet's top-k), each row
+                -1 where the position is routed normally. Those rows use the given experts in the
+                given slot order, gated by the current router scores (so the router still gets a
+                gradient); ``out.routing`` reports them. Every key must be a kept MoE layer.
         """
         if isinstance(inputs, torch.Tensor):
             inputs = Inputs(inputs)
@@ -200,9 +206,14 @@ class Ernie5Model(nn.Module):
         out = ModelOutput(hidden_BTD=x_BTD)
         codes, aux = [], []
         n_exp, blocks = self.cfg.moe.n_experts, list(self.layers)
+        if routing_replay is not None:
+            self._check_replay(routing_replay, subnet)
         for i in subnet.layers:
             mask_E = subnet.expert_mask(i, n_exp, x_BTD.device)
-            x_BTD, r = blocks[i](x_BTD, ctx, i, subnet.top_k, mask_E)
+            if routing_replay is None or i not in routing_replay:
+                x_BTD, r = blocks[i](x_BTD, ctx, i, subnet.top_k, mask_E)
+            else:
+                x_BTD, r = blocks[i](x_BTD, ctx, i, subnet.top_k, mask_E, routing_replay[i])
             if r is not None:
                 out.routing[i] = r
                 aux += [loss for loss in (r.aux_loss, r.z_loss) if loss is not None]
@@ -234,6 +245,15 @@ class Ernie5Model(nn.Module):
         if out.losses.audio_levels:
             out.losses.audio = self.audio.loss(out.losses.audio_levels)
         return out
+
+    def _check_replay(self, routing_replay: dict[int, torch.Tensor], subnet: Subnet) -> None:
+        """Every replayed layer is an MoE layer that ``subnet`` keeps (shapes: :class:`MoE`)."""
+        kept = set(subnet.layers)
+        bad = sorted(i for i in routing_replay if i not in kept or not isinstance(self.layers[i].ffn, MoE))
+        if bad:
+            raise ValueError(
+                f"routing_replay: layers {bad} are not MoE layers kept by subnet {subnet.name!r}"
+            )
 
     def _positions(
         self, inputs: Inputs, cache: KVCache | None

@@ -29,6 +29,9 @@ References:
   * ST-MoE (arXiv 2202.08906): router z-loss. DeepSeekMoE (arXiv 2401.06066): shared experts.
   * ERNIE 4.5 router (transformers ``ernie4_5_moe``): softmax + correction bias for selection,
     renormalised top-k gates.
+  * Rollout Routing Replay, R3 (Ma et al. 2025, arXiv 2510.11370) and the ERNIE 5.0 report §5.4:
+    an RL learner recomputes the rollout's log-probs with the expert selections the inference
+    engine made, so the train/inference routing mismatch disappears.
 
 Deviations:
   1. The report does not disclose the score function, gate normalisation or shared-expert count;
@@ -37,6 +40,12 @@ Deviations:
      step's micro-batches, counting only experts the subnet left available (masked experts neither
      count towards the mean nor move their bias).
   3. Aux and z losses are optional safety nets (off by default); the report uses neither.
+  4. Routing replay (R3): ``forced_ids_NA`` (``(N, A)`` int64, ``A`` the top-k in force; rows of
+     -1 are routed normally) replaces step 3's top-k in the rows it fills; the gates are still
+     the CURRENT scores at those ids (subnet mask, renormalisation and ``route_scale`` as usual),
+     so the router keeps its gradient, and ``counts_E`` and the balance loss count the forced
+     selection. The bias plays no part in a forced row. A forced id out of range, repeated in
+     its row, or masked out by the subnet is a ``ValueError``. Without replay nothing changes.
 """
 
 from __future__ import annotations
@@ -75,9 +84,11 @@ def select_experts(
     top_k: int,
     expert_mask_E: torch.Tensor | None,
     seq_len: int,
+    forced_ids_NA: torch.Tensor | None = None,
 ) -> RouterOutput:
     """Steps 2, 3 and 5: token-choice top-k from fp32 logits. ``seq_len`` groups rows into
-    sequences for the balance loss."""
+    sequences for the balance loss. ``forced_ids_NA`` (routing replay, deviation 4): ``(N, top_k)``
+    expert ids that replace the selection in every row that is not all -1."""
     if cfg.score_func == "softmax":
         if expert_mask_E is not None:
             logits_NE = logits_NE.masked_fill(~expert_mask_E, float("-inf"))
@@ -90,6 +101,8 @@ def select_experts(
     if expert_mask_E is not None:
         select_NE = select_NE.masked_fill(~expert_mask_E, float("-inf"))
     expert_ids_NA = select_NE.topk(top_k, dim=-1, sorted=False).indices
+    if forced_ids_NA is not None:
+        expert_ids_NA = _replay(expert_ids_NA, forced_ids_NA, expert_mask_E, logits_NE.shape[-1])
     gates_NA = scores_NE.gather(-1, expert_ids_NA)
     if cfg.norm_topk:
         gates_NA = gates_NA / gates_NA.sum(dim=-1, keepdim=True).clamp_min(1e-12)
@@ -114,6 +127,33 @@ def select_experts(
         finite_NE = logits_NE.masked_fill(~torch.isfinite(logits_NE), float("-inf"))
         z_loss = cfg.z_loss_coef * torch.logsumexp(finite_NE, dim=-1).square().mean()
     return RouterOutput(expert_ids_NA, gates_NA, counts_E, aux_loss, z_loss)
+
+
+def _replay(
+    ids_NA: torch.Tensor, forced_NA: torch.Tensor, expert_mask_E: torch.Tensor | None, n_experts: int
+) -> torch.Tensor:
+    """``ids_NA`` with every row of ``forced_NA`` that is not all -1 put in its place (checked)."""
+    if forced_NA.shape != ids_NA.shape:
+        raise ValueError(
+            f"routing replay: forced expert ids have shape {tuple(forced_NA.shape)}, "
+            f"expected {tuple(ids_NA.shape)} (rows, top_k)"
+        )
+    forced_NA = forced_NA.to(device=ids_NA.device, dtype=ids_NA.dtype)
+    neg_NA = forced_NA < 0
+    row_N = ~neg_NA.all(dim=-1)
+    if bool((neg_NA.any(dim=-1) & row_N).any()):
+        raise ValueError("routing replay: a row of forced expert ids mixes -1 with expert ids")
+    if bool((forced_NA >= n_experts).any()):
+        raise ValueError(f"routing replay: forced expert id >= n_experts={n_experts}")
+    sorted_NA = forced_NA.sort(dim=-1).values
+    if bool(((sorted_NA[:, 1:] == sorted_NA[:, :-1]) & row_N[:, None]).any()):
+        raise ValueError("routing replay: a row of forced expert ids repeats an expert")
+    if expert_mask_E is not None:
+        masked_NA = ~expert_mask_E[forced_NA.clamp_min(0)] & row_N[:, None]
+        if bool(masked_NA.any()):
+            bad = sorted(set(forced_NA[masked_NA].tolist()))
+            raise ValueError(f"routing replay: forced experts {bad} are masked out by the subnet")
+    return torch.where(row_N[:, None], forced_NA, ids_NA)
 
 
 def swiglu(x_ND: torch.Tensor, w13_FD: torch.Tensor, w2_DF: torch.Tensor) -> torch.Tensor:
@@ -161,18 +201,30 @@ class MoE(nn.Module):
         self.shared = SwiGLU(d_model, cfg.n_shared_experts * f) if cfg.n_shared_experts else None
 
     def route(
-        self, x_ND: torch.Tensor, top_k: int, expert_mask_E: torch.Tensor | None, seq_len: int
+        self,
+        x_ND: torch.Tensor,
+        top_k: int,
+        expert_mask_E: torch.Tensor | None,
+        seq_len: int,
+        forced_ids_NA: torch.Tensor | None = None,
     ) -> RouterOutput:
-        """Steps 1-3 and 5 for ``N`` token rows grouped in sequences of ``seq_len``."""
+        """Steps 1-3 and 5 for ``N`` token rows grouped in sequences of ``seq_len``;
+        ``forced_ids_NA`` replays a selection (deviation 4)."""
         logits_NE = router_logits(x_ND, self.router.weight)
-        return select_experts(logits_NE, self.router_bias, self.cfg, top_k, expert_mask_E, seq_len)
+        return select_experts(
+            logits_NE, self.router_bias, self.cfg, top_k, expert_mask_E, seq_len, forced_ids_NA
+        )
 
     def experts(self, x_ND: torch.Tensor, r: RouterOutput) -> torch.Tensor:
         """Step 4: the gated sum of every token's routed experts, ``(N, D)``."""
         return experts_loop(x_ND, self.w13, self.w2, r)
 
     def forward(
-        self, x_BTD: torch.Tensor, top_k: int | None = None, expert_mask_E: torch.Tensor | None = None
+        self,
+        x_BTD: torch.Tensor,
+        top_k: int | None = None,
+        expert_mask_E: torch.Tensor | None = None,
+        forced_ids_BTA: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, RouterOutput]:
         """Mix routed experts for every token.
 
@@ -180,13 +232,24 @@ class MoE(nn.Module):
             x_BTD: hidden states.
             top_k: active experts per token (``None`` = the configured default).
             expert_mask_E: bool mask of the routed experts available (``None`` = all).
+            forced_ids_BTA: routing replay (deviation 4): ``(B, T, top_k)`` int64 expert ids that
+                replace the selection, -1 rows routed normally (``None`` = route every token).
 
         Returns:
             ``(y_BTD, router_output)``.
         """
         b, t, d = x_BTD.shape
         x_ND = x_BTD.reshape(b * t, d)
-        r = self.route(x_ND, top_k or self.cfg.top_k, expert_mask_E, t)
+        k = top_k or self.cfg.top_k
+        if forced_ids_BTA is None:
+            r = self.route(x_ND, k, expert_mask_E, t)
+        else:
+            if tuple(forced_ids_BTA.shape) != (b, t, k):
+                raise ValueError(
+                    f"routing replay: expert ids have shape {tuple(forced_ids_BTA.shape)}, "
+                    f"expected (B, T, top_k) = {(b, t, k)}"
+                )
+            r = self.route(x_ND, k, expert_mask_E, t, forced_ids_BTA.reshape(b * t, k))
         y_BTD = self.experts(x_ND, r).view(b, t, d)
         if self.shared is not None:
             y_BTD = y_BTD + self.shared(x_BTD)
