@@ -34,17 +34,15 @@ from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
 from ernie5.model.model import ModelOutput
 from ernie5.sequence import audio as audio_docs
+from ernie5.sequence.context import ContextError, context_document, media_segments
 from ernie5.sequence.segments import pack, text_segment
 from ernie5.sequence.vision import (
-    encode_media,
-    media_markers,
     prompt_ids,
     to_pixels,
     to_uint8,
-    understanding_segment,
 )
 from ernie5.store.checkpoint import Checkpoint, checkpoint_hash
-from ernie5.tokenizers.special import BOA, BOS, EOA, PAD
+from ernie5.tokenizers.special import BOS, PAD
 from evals.api import (
     Answers,
     Context,
@@ -332,42 +330,36 @@ class Ernie5EvalModel:
         return self.ckpt.audio_codec
 
     def _context_segments(self, context: Context) -> list:
-        """BOS, then the context's text and media parts as segments of one document."""
-        segs = [text_segment([BOS])]
-        for p in (context,) if isinstance(context, str) else context:
-            if isinstance(p, MediaPart):
-                segs += self._media_segments(p)
-            elif p:
-                segs.append(text_segment(self.tokenizer.encode(p)))
-        return segs
+        """BOS, then the context's text and media parts as segments of one document
+        (:func:`ernie5.sequence.context.context_document`)."""
+        try:
+            return context_document(context, self.tokenizer, **self._media_models(context))
+        except ContextError as e:
+            raise EvalInputError(str(e)) from None
 
     def _media_segments(self, part: MediaPart) -> list:
-        if part.modality == "audio":
-            codec = self._require_audio()
-            rate = part.meta.get("sample_rate", codec.sample_rate)
-            if rate != codec.sample_rate:
-                raise EvalInputError(
-                    f"audio at {rate} Hz; this checkpoint's codec reads {codec.sample_rate} Hz"
-                )
-            (codes,) = audio_docs.encode_waves(codec, [np.asarray(part.data, dtype=np.float32)])
-            return [
-                text_segment([BOA]),
-                audio_docs.understanding_segment(codes),
-                text_segment([EOA]),
-            ]
-        if part.modality not in ("image", "video"):
-            raise EvalInputError(f"this checkpoint cannot read {part.modality} inputs")
-        if self.ckpt.vision_tokenizer is None or self.model.vision is None:
-            raise EvalInputError(
-                f"{self.ckpt.path}: cannot read {part.modality} inputs (no vision tokenizer or vision module)"
-            )
-        vt = self.ckpt.vision_tokenizer
-        clip = part.modality == "video"
-        pixels = to_pixels(np.asarray(part.data), clip)
-        enc = encode_media(vt, pixels, codes=False)
-        begin, end = media_markers(pixels.shape[2] if clip else 1)
-        und = understanding_segment(self.ckpt.cfg.vision, enc.pixels[0], enc.cnn[0])
-        return [text_segment([begin]), und, text_segment([end])]
+        try:
+            return media_segments(part, **self._media_models((part,)))
+        except ContextError as e:
+            raise EvalInputError(str(e)) from None
+
+    def _media_models(self, context: Context) -> dict:
+        """The media models the context's parts need, with a one-line error for a missing one."""
+        parts = [p for p in ((context,) if isinstance(context, str) else context) if isinstance(p, MediaPart)]
+        models: dict = {}
+        if any(p.modality == "audio" for p in parts):
+            models["audio_codec"] = self._require_audio()
+        for p in parts:
+            if p.modality not in ("image", "video", "audio"):
+                raise EvalInputError(f"this checkpoint cannot read {p.modality} inputs")
+            if p.modality != "audio":
+                if self.ckpt.vision_tokenizer is None or self.model.vision is None:
+                    raise EvalInputError(
+                        f"{self.ckpt.path}: cannot read {p.modality} inputs "
+                        "(no vision tokenizer or vision module)"
+                    )
+                models.update(vision_tokenizer=self.ckpt.vision_tokenizer, vision_cfg=self.ckpt.cfg.vision)
+        return models
 
     def _media_loglikelihood(
         self, requests: list[LoglikelihoodRequest], tally: _Tally
