@@ -114,6 +114,10 @@ class DataConfig:
     media_understanding: float = 0.5
     """Probability that an image/clip document is an understanding document (image then question or
     caption) rather than a generation document (prompt then image)."""
+    format: Literal["packed", "chat"] = "packed"
+    """``packed``: pretraining documents, loss on every text token; ``chat``: instruction turns in the
+    harness's prompt formats (supervised fine-tuning, ``ernie5 sft``), loss on answers only (see
+    :mod:`ernie5.sequence.chat`)."""
 
     def __post_init__(self) -> None:
         check(self.seq_len >= 8, f"seq_len={self.seq_len} must be >= 8")

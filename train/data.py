@@ -16,6 +16,12 @@ out and the weights renormalised, so a fresh machine trains on the procedural so
   * ``arc``, ``openbookqa``: the training splits of ARC (Easy and Challenge) and OpenBookQA, each
     question answered with its correct choice in the multiple-choice tasks' context.
   The test (and validation) splits, which the harness scores, are never read.
+
+``data.format: chat`` (supervised fine-tuning, ``ernie5 sft``): the text sources give instruction
+turns instead (``CHAT_SOURCES``: one problem per turn, the harness task's prompt as context and its
+answer and stop text scored; ``shakespeare`` has none), and media documents score only what follows
+their question cue, or only the markers and media after a generation prompt (see
+:mod:`ernie5.sequence.chat`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ernie5.config import ConfigError
 from ernie5.data import procedural
 from ernie5.data import text as text_data
 from ernie5.data.audio_sources import AudioDoc
@@ -34,6 +41,7 @@ from ernie5.data.root import DataMissing
 from ernie5.data.vision_sources import MediaDoc
 from ernie5.sequence import audio as audio_docs
 from ernie5.sequence.audio import encode_waves
+from ernie5.sequence.chat import Turn, chat_turn, chat_turn_len, split_cue, split_ids, turn_ids
 from ernie5.sequence.segments import Batch, Segment, pack, text_segment
 from ernie5.sequence.vision import (
     encode_media,
@@ -48,6 +56,9 @@ from ernie5.tokenizers.text import TextTokenizer
 from train.config import DataConfig
 
 DocFn = Callable[[random.Random], str]
+TurnFn = Callable[[random.Random], Turn]
+QAFn = Callable[[random.Random], Turn]
+"""A question-answering source: turns whose answer has no stop text yet."""
 
 
 def _shakespeare(data_dir: Path | None) -> DocFn:
@@ -61,72 +72,127 @@ def _shakespeare(data_dir: Path | None) -> DocFn:
     return doc
 
 
-def _babi(data_dir: Path | None) -> DocFn:
+def _babi(data_dir: Path | None) -> QAFn:
     items = text_data.read_babi_qa1(data_dir, "train")
 
-    def doc(rng: random.Random) -> str:
+    def qa(rng: random.Random) -> Turn:
         it = rng.choice(items)
         story = "".join(f"{s}\n" for s in it.story)
-        return f"{story}Question: {it.question}\nAnswer: {it.answer}\n"
+        return Turn(f"{story}Question: {it.question}\nAnswer:", f" {it.answer}")
 
-    return doc
+    return qa
 
 
-def _gsm8k(data_dir: Path | None) -> DocFn:
+def _gsm8k(data_dir: Path | None) -> QAFn:
     items = text_data.read_gsm8k(data_dir, "train")
 
-    def doc(rng: random.Random) -> str:
+    def qa(rng: random.Random) -> Turn:
         it = rng.choice(items)
         solution = text_data.strip_calculator_annotations(it.solution)
-        return f"Question: {it.question.strip()}\nAnswer: {solution}\n#### {it.answer}\n"
+        return Turn(f"Question: {it.question.strip()}\nAnswer:", f" {solution}\n#### {it.answer}")
 
-    return doc
+    return qa
 
 
-def _science_qa(items: list[text_data.ChoiceItem]) -> DocFn:
+def _science_qa(items: list[text_data.ChoiceItem]) -> QAFn:
     """Multiple-choice train questions in the harness's context, answered with the correct choice
     (the continuation the ``arc_*``/``openbookqa`` tasks score: ``" " + choice``)."""
 
-    def doc(rng: random.Random) -> str:
+    def qa(rng: random.Random) -> Turn:
         it = rng.choice(items)
-        return f"Question: {it.question.strip()}\nAnswer: {it.choices[it.answer]}\n"
+        return Turn(f"Question: {it.question.strip()}\nAnswer:", f" {it.choices[it.answer]}")
 
-    return doc
+    return qa
 
 
-def _arc(data_dir: Path | None) -> DocFn:
+def _arc(data_dir: Path | None) -> QAFn:
     return _science_qa(
         text_data.read_arc(data_dir, "Easy", "train") + text_data.read_arc(data_dir, "Challenge", "train")
     )
 
 
-def _openbookqa(data_dir: Path | None) -> DocFn:
+def _openbookqa(data_dir: Path | None) -> QAFn:
     return _science_qa(text_data.read_openbookqa(data_dir, "train"))
 
 
-def _svamp(data_dir: Path | None) -> DocFn:
+def _svamp(data_dir: Path | None) -> QAFn:
     items = text_data.read_svamp(data_dir, "train")
 
-    def doc(rng: random.Random) -> str:
+    def qa(rng: random.Random) -> Turn:
         it = rng.choice(items)
-        return f"Question: {it.question.strip()}\nAnswer: {it.answer}\n"
+        return Turn(f"Question: {it.question.strip()}\nAnswer:", f" {it.answer}")
 
-    return doc
+    return qa
+
+
+QA_SOURCES: dict[str, tuple[Callable[[Path | None], QAFn], str]] = {
+    "babi": (_babi, "\n"),
+    "gsm8k": (_gsm8k, "\n\n"),
+    "svamp": (_svamp, "\n\n"),
+    "arc": (_arc, "\n"),
+    "openbookqa": (_openbookqa, "\n"),
+}
+"""Question-answering sources: opener of (prompt, answer without stop text) turns, and the stop text
+of the harness task that scores them (``evals/tasks``: babi and the multiple-choice tasks end an
+answer at a newline, the math word problems at a blank line)."""
+
+
+def _as_document(opener: Callable[[Path | None], QAFn]) -> Callable[[Path | None], DocFn]:
+    """Pretraining documents of a QA source: prompt, answer and a newline as one text."""
+
+    def open_docs(data_dir: Path | None) -> DocFn:
+        qa = opener(data_dir)
+
+        def doc(rng: random.Random) -> str:
+            turn = qa(rng)
+            return f"{turn.prompt}{turn.answer}\n"
+
+        return doc
+
+    return open_docs
+
+
+def _as_turns(opener: Callable[[Path | None], QAFn], stop: str) -> Callable[[Path | None], TurnFn]:
+    """Instruction turns of a QA source: the answer followed by the task's stop text."""
+
+    def open_turns(data_dir: Path | None) -> TurnFn:
+        qa = opener(data_dir)
+
+        def turn(rng: random.Random) -> Turn:
+            t = qa(rng)
+            return Turn(t.prompt, t.answer + stop)
+
+        return turn
+
+    return open_turns
 
 
 def _procedural(data_dir: Path | None) -> DocFn:
     return procedural.procedural_document
 
 
+def _procedural_turns(data_dir: Path | None) -> TurnFn:
+    def turn(rng: random.Random) -> Turn:
+        kind = rng.choice(procedural.KINDS)
+        ex = procedural.generate(kind, rng.randint(*procedural.TRAIN_DIFFICULTY[kind]), rng)
+        return Turn(ex.prompt, ex.answer + procedural.STOP)
+
+    return turn
+
+
 SOURCES: dict[str, Callable[[Path | None], DocFn]] = {
     "shakespeare": _shakespeare,
     "procedural": _procedural,
-    "babi": _babi,
-    "gsm8k": _gsm8k,
-    "svamp": _svamp,
-    "arc": _arc,
-    "openbookqa": _openbookqa,
+    **{name: _as_document(opener) for name, (opener, _) in QA_SOURCES.items()},
 }
+"""Text sources of pretraining (``data.format: packed``): name -> opener of a document function."""
+
+CHAT_SOURCES: dict[str, Callable[[Path | None], TurnFn]] = {
+    "procedural": _procedural_turns,
+    **{name: _as_turns(opener, stop) for name, (opener, stop) in QA_SOURCES.items()},
+}
+"""Text sources of instruction tuning (``data.format: chat``): name -> opener of a turn function, one
+problem per turn (``shakespeare`` has no instruction form)."""
 
 
 @dataclass
@@ -142,7 +208,8 @@ class OpenedSources:
 def open_sources(cfg: DataConfig, data_dir: Path | None, image_size: int = 32) -> OpenedSources:
     """Open every configured source; a source with missing data is skipped with its reason.
 
-    Text sources return strings; media sources (``ernie5.data.vision_sources.MEDIA_SOURCES``)
+    Text sources return strings (``data.format: chat``: :class:`~ernie5.sequence.chat.Turn` objects);
+    media sources (``ernie5.data.vision_sources.MEDIA_SOURCES``)
     return :class:`~ernie5.data.vision_sources.MediaDoc` objects and audio sources
     (``ernie5.data.audio_sources.AUDIO_SOURCES``) :class:`~ernie5.data.audio_sources.AudioDoc`
     objects.
@@ -157,9 +224,11 @@ def open_sources(cfg: DataConfig, data_dir: Path | None, image_size: int = 32) -
             raise ValueError(f"data.sources: unknown source {name!r} (known: {', '.join(known)})")
         if w <= 0:
             continue
+        if cfg.format == "chat" and name in SOURCES and name not in CHAT_SOURCES:
+            raise ConfigError(f"data.sources: {name!r} has no instruction form (data.format=chat)")
         try:
             if name in SOURCES:
-                fns.append(SOURCES[name](data_dir))
+                fns.append((CHAT_SOURCES if cfg.format == "chat" else SOURCES)[name](data_dir))
             elif name in AUDIO_SOURCES:
                 fns.append(open_audio_source(name, data_dir))
             else:
@@ -182,10 +251,26 @@ def tokenizer_corpus(sources: OpenedSources, n_chars: int, seed: int) -> list[st
     while total < n_chars:
         fn = rng.choices(sources.fns, weights=sources.weights)[0]
         d = fn(rng)
-        text = d if isinstance(d, str) else f"{d.prompt}\n{d.text}"
+        if isinstance(d, str):
+            text = d
+        elif isinstance(d, Turn):
+            text = d.prompt + d.answer
+        else:
+            text = f"{d.prompt}\n{d.text}"
         docs.append(text)
         total += len(text)
     return docs
+
+
+@dataclass
+class _MediaItem:
+    """A media document drawn into a row, with its text ids: ``prompt`` (scored, before the media of a
+    generation document), ``context`` (no loss) and ``answer`` (scored, after the media)."""
+
+    doc: MediaDoc | AudioDoc
+    prompt: list[int]
+    context: list[int]
+    answer: list[int]
 
 
 class MixtureStream:
@@ -195,6 +280,11 @@ class MixtureStream:
     left in its row, a media document never is (a row it does not fit is closed with padding and the
     document starts the next row). Media go through the frozen vision tokenizer and audio through the
     frozen codec once per micro-batch.
+
+    ``data.format: chat`` (instruction tuning, :mod:`ernie5.sequence.chat`): text sources give one
+    turn per document, laid out like a media document (never cut, except one longer than a row); the
+    loss is on answers only: the question cue of an understanding document and the prompt of a
+    generation document are context.
     """
 
     def __init__(
@@ -215,19 +305,47 @@ class MixtureStream:
         self.vision_cfg = vision_cfg
         self.audio_codec = audio_codec
 
-    def _media_len(self, doc, p_ids: list[int], text_ids: list[int]) -> int:
+    def _media_len(self, doc, n_prompt: int, n_text: int) -> int:
+        """Positions of a media document with ``n_prompt`` ids before and ``n_text`` ids after the media."""
         from ernie5.model.vision import und_layout
 
         if isinstance(doc, AudioDoc):
             frames = max(1, self.audio_codec.n_frames(len(doc.wave)))
             if doc.kind == "gen":
-                return 1 + len(p_ids) + 1 + 1 + frames + 2
-            return 2 + frames + 1 + len(text_ids) + 1
+                return 1 + n_prompt + 1 + 1 + frames + 2
+            return 2 + frames + 1 + n_text + 1
 
         frames = doc.media.shape[0] if doc.clip else 1
         if doc.kind == "gen":
-            return 1 + len(p_ids) + 1 + frames * self.vision_cfg.tokens_per_frame + 2
-        return 2 + und_layout(self.vision_cfg, frames)["positions"].shape[1] + 1 + len(text_ids) + 1
+            return 1 + n_prompt + 1 + frames * self.vision_cfg.tokens_per_frame + 2
+        return 2 + und_layout(self.vision_cfg, frames)["positions"].shape[1] + 1 + n_text + 1
+
+    def _media_item(self, doc: MediaDoc | AudioDoc, rng: random.Random) -> _MediaItem:
+        """The text ids of a media document (the classifier-free-guidance dropout drawn from ``rng``)."""
+        if isinstance(doc, AudioDoc):
+            if self.audio_codec is None:
+                raise ValueError("audio sources need data.audio_codec and model.audio.enabled")
+        elif self.vision_tokenizer is None:
+            raise ValueError("media sources need data.vision_tokenizer and model.vision.enabled")
+        drop = isinstance(doc, MediaDoc) and doc.kind == "gen" and rng.random() < self.cfg.cfg_dropout
+        p_ids = [] if drop else prompt_ids(self.tokenizer, doc.prompt)
+        if self.cfg.format != "chat":
+            return _MediaItem(doc, p_ids, [], self.tokenizer.encode(doc.text))
+        if doc.kind == "gen":
+            return _MediaItem(doc, [], p_ids, [])
+        return _MediaItem(doc, [], *split_ids(self.tokenizer, *split_cue(doc.text)))
+
+    def _draw(self, doc, rng: random.Random) -> tuple[list[Segment] | _MediaItem, int]:
+        """A turn or media document drawn into a row (never cut), and its positions."""
+        seq_len = self.cfg.seq_len
+        if isinstance(doc, Turn):
+            p_ids, a_ids = turn_ids(self.tokenizer, doc)
+            return chat_turn(p_ids, a_ids), min(chat_turn_len(p_ids, a_ids), seq_len)  # pack cuts it
+        item = self._media_item(doc, rng)
+        n = self._media_len(doc, len(item.prompt) + len(item.context), len(item.context) + len(item.answer))
+        if n > seq_len:
+            raise ValueError(f"a {doc.kind} media document needs {n} positions > data.seq_len={seq_len}")
+        return item, n
 
     def batch(self, step: int, index: int = 0) -> Batch:
         """Micro-batch ``index`` of optimizer step ``step`` (the index is global across processes)."""
@@ -240,32 +358,20 @@ class MixtureStream:
             doc = fn(rng)
             if isinstance(doc, str):
                 ids = [BOS, *self.tokenizer.encode(doc), EOS][:room]
-                rows[-1].append(ids)
+                rows[-1].append([text_segment(ids)])
                 room -= len(ids)
             else:
-                if isinstance(doc, AudioDoc):
-                    if self.audio_codec is None:
-                        raise ValueError("audio sources need data.audio_codec and model.audio.enabled")
-                elif self.vision_tokenizer is None:
-                    raise ValueError("media sources need data.vision_tokenizer and model.vision.enabled")
-                drop = isinstance(doc, MediaDoc) and doc.kind == "gen" and rng.random() < self.cfg.cfg_dropout
-                p_ids = [] if drop else prompt_ids(self.tokenizer, doc.prompt)
-                text_ids = self.tokenizer.encode(doc.text)
-                n = self._media_len(doc, p_ids, text_ids)
-                if n > seq_len:
-                    raise ValueError(
-                        f"a {doc.kind} media document needs {n} positions > data.seq_len={seq_len}"
-                    )
+                item, n = self._draw(doc, rng)
                 if n > room:
                     if len(rows) == n_rows:
                         break
                     rows.append([])
                     room = seq_len
-                rows[-1].append((doc, p_ids, text_ids))
+                rows[-1].append(item)
                 room -= n
             if room <= 1:
                 if room == 1:
-                    rows[-1].append([BOS])  # a lone BOS keeps the row exactly full
+                    rows[-1].append([text_segment([BOS])])  # a lone BOS keeps the row exactly full
                 if len(rows) == n_rows:
                     break
                 rows.append([])
@@ -273,30 +379,30 @@ class MixtureStream:
         return pack(self._segments([d for row in rows for d in row], rng), seq_len, n_rows=n_rows)
 
     def _segments(self, docs: list, rng: random.Random) -> list[list[Segment]]:
-        """Text id lists and media docs -> segment lists, encoding the media in batched tokenizer calls."""
-        media = [d[0] for d in docs if not isinstance(d, list) and isinstance(d[0], MediaDoc)]
+        """Ready documents and media items -> segment lists, encoding the media in batched tokenizer calls."""
+        items = [d for d in docs if isinstance(d, _MediaItem)]
+        media = [d.doc for d in items if isinstance(d.doc, MediaDoc)]
         encoded = self._encode(media, rng) if media else {}
-        audio = [d[0] for d in docs if not isinstance(d, list) and isinstance(d[0], AudioDoc)]
+        audio = [d.doc for d in items if isinstance(d.doc, AudioDoc)]
         if audio:
             codes = encode_waves(self.audio_codec, [a.wave for a in audio])
             encoded.update({id(a): c for a, c in zip(audio, codes, strict=True)})
-        out = []
-        for d in docs:
-            if isinstance(d, list):
-                out.append([text_segment(d)])
-                continue
-            doc, p_ids, text_ids = d
-            if isinstance(doc, AudioDoc):
-                codes = encoded[id(doc)]
-                if doc.kind == "gen":
-                    seg = audio_docs.generation_segment(codes, doc.speaker)
-                else:
-                    seg = audio_docs.understanding_segment(codes)
-                out.append(audio_docs.audio_document(seg, doc.kind, p_ids, text_ids))
-                continue
-            frames = doc.media.shape[0] if doc.clip else 1
-            out.append(media_document(encoded[id(doc)], doc.kind, frames, p_ids, text_ids))
-        return out
+        return [d if isinstance(d, list) else self._media_segments(d, encoded) for d in docs]
+
+    def _media_segments(self, item: _MediaItem, encoded: dict) -> list[Segment]:
+        """The segments of one media item (``encoded``: its tokenizer segment or codec codes by id)."""
+        doc = item.doc
+        if isinstance(doc, AudioDoc):
+            codes = encoded[id(doc)]
+            if doc.kind == "gen":
+                seg = audio_docs.generation_segment(codes, doc.speaker)
+            else:
+                seg = audio_docs.understanding_segment(codes)
+            return audio_docs.audio_document(seg, doc.kind, item.prompt, item.answer, context=item.context)
+        frames = doc.media.shape[0] if doc.clip else 1
+        return media_document(
+            encoded[id(doc)], doc.kind, frames, item.prompt, item.answer, context=item.context
+        )
 
     def _encode(self, media: list[MediaDoc], rng: random.Random) -> dict[int, Segment]:
         groups: dict[tuple, list[MediaDoc]] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ernie5.sequence.chat import context_segment
 from ernie5.sequence.segments import AudioSeg, Segment, text_segment
 from ernie5.tokenizers.special import BOA, BOS, EOA, EOS
 
@@ -53,10 +54,31 @@ def generation_segment(codes_NQ: torch.Tensor, speaker: int = -1) -> Segment:
     return Segment("audio", audio=AudioSeg(codes_NQ, start=True, speaker=speaker, targets=True))
 
 
-def audio_document(segment: Segment, kind: str, prompt: list[int], answer: list[int]) -> list[Segment]:
+def audio_document(
+    segment: Segment,
+    kind: str,
+    prompt: list[int],
+    answer: list[int],
+    *,
+    context: list[int] | tuple[int, ...] = (),
+) -> list[Segment]:
     """The segments of one audio document: ``BOS <prompt> BOA <segment> EOA EOS`` for synthesis
-    (``kind == "gen"``), else ``BOS BOA <segment> EOA`` then ``answer`` with EOS (audio modality)."""
+    (``kind == "gen"``), else ``BOS BOA <segment> EOA`` then ``answer`` with EOS (audio modality).
+
+    ``context``: ids without loss before the scored text (instruction tuning): for understanding
+    between EOA and ``answer`` (the ``Transcript:`` or question cue; BOA then carries no loss either),
+    for synthesis right after BOS (an untargeted prompt; ``prompt`` then usually empty). Empty (the
+    default) adds no segment.
+    """
     if kind == "gen":
-        return [text_segment([BOS, *prompt, BOA]), segment, text_segment([EOA, EOS])]
+        if context:
+            head = [context_segment("text", [BOS, *context]), text_segment([*prompt, BOA])]
+        else:
+            head = [text_segment([BOS, *prompt, BOA])]
+        return [*head, segment, text_segment([EOA, EOS])]
     answer_seg = Segment("audio", token_ids=torch.tensor([*answer, EOS]))
-    return [text_segment([BOS, BOA]), segment, text_segment([EOA], loss=False), answer_seg]
+    if context:  # the whole document before the answer is context, BOA included
+        head, cue = context_segment("text", [BOS, BOA]), [context_segment("audio", context)]
+    else:
+        head, cue = text_segment([BOS, BOA]), []
+    return [head, segment, text_segment([EOA], loss=False), *cue, answer_seg]

@@ -21,6 +21,7 @@ import torch
 from ernie5.model.config import VisionConfig
 from ernie5.model.inputs import VisionGen, VisionUnd
 from ernie5.model.vision import nfsp_layout, scale_loss_weights, und_layout
+from ernie5.sequence.chat import context_segment
 from ernie5.sequence.segments import Segment, text_segment
 from ernie5.tokenizers.special import BOI, BOS, BOV, EOI, EOS, EOV
 
@@ -162,17 +163,36 @@ def media_markers(n_frames: int) -> tuple[int, int]:
 
 
 def media_document(
-    segment: Segment, kind: str, n_frames: int, prompt: list[int], answer: list[int]
+    segment: Segment,
+    kind: str,
+    n_frames: int,
+    prompt: list[int],
+    answer: list[int],
+    *,
+    context: list[int] | tuple[int, ...] = (),
 ) -> list[Segment]:
     """The segments of one image or clip document, as every consumer lays it out.
 
     ``kind == "gen"``: ``BOS <prompt> BOI|BOV <segment> EOI|EOV EOS`` (``prompt`` may be empty, the
     classifier-free-guidance dropout); otherwise (understanding): ``BOS BOI|BOV <segment> EOI|EOV``
     then ``answer`` (question and answer ids) with EOS, in the image or video modality.
+
+    ``context``: ids without loss before the scored text (instruction tuning): for understanding
+    between EOI|EOV and ``answer`` (the question cue; BOI|BOV then carry no loss either), for
+    generation right after BOS (an untargeted prompt; ``prompt`` then usually empty). Empty (the
+    default) adds no segment.
     """
     begin, end = media_markers(n_frames)
     if kind == "gen":
-        return [text_segment([BOS, *prompt, begin]), segment, text_segment([end, EOS])]
+        if context:
+            head = [context_segment("text", [BOS, *context]), text_segment([*prompt, begin])]
+        else:
+            head = [text_segment([BOS, *prompt, begin])]
+        return [*head, segment, text_segment([end, EOS])]
     modality = "video" if n_frames > 1 else "image"
     answer_seg = Segment(modality, token_ids=torch.tensor([*answer, EOS]))
-    return [text_segment([BOS, begin]), segment, text_segment([end], loss=False), answer_seg]
+    if context:  # the whole document before the answer is context, the begin marker included
+        head, cue = context_segment("text", [BOS, begin]), [context_segment(modality, context)]
+    else:
+        head, cue = text_segment([BOS, begin]), []
+    return [head, segment, text_segment([end], loss=False), *cue, answer_seg]
