@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from evals.metrics import normalize_answer
+
 # A number not glued to a preceding word character or dot: optional sign and dollar sign, digits with
 # correct thousands separators or plain digits, optional decimals; or a bare ".5".
 _NUMBER = re.compile(r"(?<![\w.])[-\u2212]?\$?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)")
@@ -41,3 +43,14 @@ def extract_final_number(text: str) -> str | None:
             return _canonical(after.group())
     numbers = _NUMBER.findall(text)
     return _canonical(numbers[-1]) if numbers else None
+
+
+def match_choice(text: str, choices: tuple[str, ...] | list[str]) -> int:
+    """Index of the choice a generated answer names, or -1: the first choice equal to the text after
+    :func:`evals.metrics.normalize_answer` (the text is cut at its first newline first). Used by the RL
+    reward of the multiple-choice tasks, whose harness metric picks the most likely of the same choices."""
+    said = normalize_answer(text.split("\n", 1)[0])
+    for i, c in enumerate(choices):
+        if normalize_answer(c) == said:
+            return i
+    return -1

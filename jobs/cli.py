@@ -63,10 +63,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ernie5.tokenizers.vision import VisionTokenizerError
     from evals.adapter import EvalInputError
     from evals.results import RunLocked
+    from evals.verifiers import VerifierError
     from reports.load import ReportError
     from train.loop import RunError
 
     errors += [DataCorrupt, EvalInputError, RunError, ReportError, RefinerError, VisionTokenizerError]
+    errors.append(VerifierError)
     return (*errors, RunLocked)
 
 
@@ -141,6 +143,67 @@ def cmd_train(args) -> int:
     last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
     if last:
         print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
+    return 0
+
+
+def cmd_sft(args) -> int:
+    """``ernie5 sft``: supervised fine-tuning of a checkpoint on instruction turns."""
+    from train.sft import sft
+
+    _check_out(args.out)
+    last = sft(
+        args.checkpoint,
+        args.out,
+        config=args.config,
+        overrides=args.set or [],
+        resume=args.resume,
+        data_dir=args.data_dir,
+        quiet=args.quiet,
+    )
+    if last:
+        print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
+    return 0
+
+
+def cmd_rl(args) -> int:
+    """``ernie5 rl``: reinforcement learning from a checkpoint with the harness's tasks as verifiers."""
+    from ernie5.data.root import resolve_data_dir
+    from train.rl import rl, rl_config
+
+    _check_out(args.out)
+    cfg = rl_config(args.checkpoint, args.config, args.set or [])
+    data_dir = resolve_data_dir(args.data_dir or cfg.data_dir or None)
+    last = rl(cfg, args.out, _verifiers(cfg, data_dir), resume=args.resume, quiet=args.quiet)
+    if last:
+        keys = ("step", "reward", "entropy", "response_len", "idle_s")
+        print(json.dumps({k: last[k] for k in keys if k in last}))
+    return 0
+
+
+def _verifiers(cfg, data_dir):
+    import evals.tasks  # noqa: F401  (registers the tasks)
+    from evals.verifiers import TaskVerifier
+
+    return {name: TaskVerifier(name, data_dir) for name in cfg.tasks}
+
+
+def cmd_rl_study(args) -> int:
+    """``ernie5 rl-study``: one RL ablation (its arms as RL runs) and its report section."""
+    from ernie5.data.root import resolve_data_dir
+    from jobs.rl_study import run_study
+
+    _check_out(args.out)
+    data_dir = resolve_data_dir(args.data_dir)
+    path = run_study(
+        args.study,
+        args.checkpoint,
+        args.out,
+        lambda cfg: _verifiers(cfg, data_dir),
+        overrides=args.set or [],
+        config=args.config,
+        quiet=args.quiet,
+    )
+    print(json.dumps({"report": str(path)}))
     return 0
 
 
@@ -436,6 +499,46 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
+
+    sf = sub.add_parser("sft", help="supervised fine-tuning of a checkpoint (loss on answers only)")
+    sf.add_argument("--checkpoint", required=True, help="checkpoint folder, run folder or `reference`")
+    sf.add_argument("--out", required=True, help="run folder to create (or continue with --resume)")
+    sf.add_argument("--config", default=None, help="YAML file of overrides of the sft preset")
+    sf.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
+    )
+    sf.add_argument(
+        "--resume", action="store_true", help="continue from the run folder's newest complete checkpoint"
+    )
+    sf.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    sf.add_argument("--quiet", action="store_true", help="no progress bar")
+    sf.set_defaults(fn=cmd_sft)
+
+    rp = sub.add_parser(
+        "rl", help="RL from a checkpoint: harness tasks as verifiers, MISC/WPSM/AHRL, U-RB/APRIL/sync"
+    )
+    rp.add_argument("--checkpoint", required=True, help="checkpoint folder, run folder or `reference`")
+    rp.add_argument("--out", required=True, help="run folder to create (or continue with --resume)")
+    rp.add_argument("--config", default=None, help="YAML file of overrides of the RL defaults")
+    rp.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
+    )
+    rp.add_argument(
+        "--resume", action="store_true", help="continue from the run folder's newest complete checkpoint"
+    )
+    rp.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    rp.add_argument("--quiet", action="store_true", help="no progress bar")
+    rp.set_defaults(fn=cmd_rl)
+
+    rs = sub.add_parser("rl-study", help="an RL ablation (objective, ahrl, scheduler): its arms and report")
+    rs.add_argument("study", choices=["objective", "ahrl", "scheduler"])
+    rs.add_argument("--checkpoint", required=True, help="checkpoint folder, run folder or `reference`")
+    rs.add_argument("--out", required=True, help="study folder (rerun to continue a killed study)")
+    rs.add_argument("--config", default=None, help="YAML file of overrides for every arm")
+    rs.add_argument("--set", action="append", metavar="KEY=VALUE", help="override for every arm (repeatable)")
+    rs.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    rs.add_argument("--quiet", action="store_true", help="no progress bar")
+    rs.set_defaults(fn=cmd_rl_study)
 
     for name, fn, what in (
         (

@@ -1,0 +1,211 @@
+"""RL verifiers: a harness task's *training* queries and the reward of a response, scored the task's way.
+
+The RL stage (``train.rl``) never imports the harness; the job that starts it (``ernie5 rl``) builds one
+:class:`TaskVerifier` per configured task and hands it over. A verifier answers three things:
+
+* :meth:`TaskVerifier.query`: query ``i`` of a seeded, endless stream of *training* items in the task's
+  own prompt format (the same context the harness gives the model, so what RL improves is what the
+  harness measures). Items come from the task's training side and never from what the harness scores:
+  procedural problems and shapes scenes are drawn from a generator namespace of their own and any item
+  equal to one of the task's evaluated items is skipped; MNIST digits come from the train split, GSM8K
+  and SVAMP problems and bAbI stories from their train splits.
+* :meth:`TaskVerifier.reward`: the task's own per-example metric on the response: generation tasks call
+  :meth:`evals.task.Task.score` (``arith_d2``'s exact match, GSM8K's
+  :func:`evals.answers.extract_final_number`),
+  multiple-choice tasks parse the response with :func:`evals.answers.match_choice` and compare with the gold
+  choice the harness uses. A lower-is-better per-example metric such as an error rate ``(errors, words)``
+  becomes ``1 - min(1, errors / words)``.
+* ``hint``: the reference response of the query (GSM8K's worked solution, otherwise the answer itself), the
+  text AHRL takes its hint prefix from.
+
+Supported tasks: the procedural families (``arith*``, ``copy_reverse``/``copy_l*``/``reverse_l*``,
+``sort*``), ``shapes_vqa_attr``, ``shapes_vqa_rel``, ``digit_vqa`` (data root), ``babi_qa1`` (data root,
+with the harness's few-shot prefix), ``gsm8k`` and ``svamp`` (data root, zero-shot prompts: the
+harness's few-shot prefix does not fit the small models' context).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ernie5.data import shapes
+from ernie5.data.mnist import digit_image, mnist_split
+from ernie5.data.procedural import STOP, generate
+from ernie5.data.text import read_babi_qa1, read_gsm8k, read_svamp, strip_calculator_annotations
+from ernie5.data.vision_sources import DIGIT_QUESTION
+from evals.answers import match_choice
+from evals.api import GenerationRequest, GenerationResult, MediaPart
+from evals.task import TASKS, Example, Task
+from evals.tasks.babi import BabiQA1
+from evals.tasks.babi import _prompt as babi_prompt
+from evals.tasks.math_word import STOP as MATH_STOP
+from evals.tasks.math_word import MathWordTask
+from evals.tasks.procedural import ProceduralTask
+from evals.tasks.vision import IMAGE_SIZE, DigitVQA, MediaExample, _question, _ShapesVQA
+
+MC_MAX_NEW_TOKENS = 8
+"""Generation budget of a multiple-choice answer (every choice is a word or two)."""
+_MAX_REDRAWS = 64
+
+
+@dataclass(frozen=True)
+class Query:
+    """One RL query: what the model is asked, and what its reward is computed against."""
+
+    task: str
+    id: str
+    context: Any
+    """A harness context: a string, or a tuple of strings and :class:`evals.api.MediaPart`."""
+    modality: str
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    hint: str
+    """The reference response AHRL takes its hint prefix from."""
+    example: Example = field(repr=False, compare=False)
+
+
+class VerifierError(ValueError):
+    """A task without an RL verifier, or one whose data is missing (one-line message)."""
+
+
+def _media_key(prompt: str, media) -> str:
+    return hashlib.sha256(prompt.encode() + memoryview(media).tobytes()).hexdigest()
+
+
+class TaskVerifier:
+    """Training queries and rewards of one registered harness task (see the module docstring)."""
+
+    def __init__(self, name: str, data_dir: str | Path | None = None) -> None:
+        if name not in TASKS:
+            raise VerifierError(f"rl task {name!r} is not a registered task")
+        self.task: Task = TASKS.get(name)()
+        self.name = name
+        self.data_dir = data_dir
+        ok, why = self.task.available(data_dir)
+        if not ok:
+            raise VerifierError(f"rl task {name}: {why}")
+        if not isinstance(self.task, (ProceduralTask, _ShapesVQA, DigitVQA, MathWordTask, BabiQA1)):
+            raise VerifierError(
+                f"rl task {name!r} has no verifier "
+                "(procedural, shapes_vqa_*, digit_vqa, babi_qa1, gsm8k and svamp have)"
+            )
+        self.modality = self.task.modality
+        evaluated = self.task.all_examples(data_dir)
+        self._held_out = {self._key(ex) for ex in evaluated}
+        self._fewshot = evaluated[0].fewshot if evaluated else ""
+        """The harness's few-shot prefix (babi_qa1's solved train stories): RL asks in the same context."""
+        self._pool: list | None = None
+
+    @staticmethod
+    def _key(ex: Example) -> str:
+        media = getattr(ex, "media", None)
+        return ex.prompt if media is None else _media_key(ex.prompt, media)
+
+    # ------------------------------------------------------------------ queries
+    def query(self, index: int, seed: int) -> Query:
+        """Training query ``index`` of the stream seeded by ``seed`` (deterministic)."""
+        for attempt in range(_MAX_REDRAWS):
+            ex = self._draw(random.Random(f"rl/{self.name}/{seed}/{index}/{attempt}"), index)
+            if self._key(ex) not in self._held_out:
+                return self._as_query(ex)
+        raise VerifierError(f"rl task {self.name}: {_MAX_REDRAWS} draws all hit evaluated items")
+
+    def _draw(self, rng: random.Random, index: int) -> Example:
+        task = self.task
+        if isinstance(task, ProceduralTask):
+            problem = generate(rng.choice(task.kinds()), task.options.difficulty, rng)
+            return Example(id=f"rl-{index}", prompt=problem.prompt, target=problem.answer.strip())
+        if isinstance(task, _ShapesVQA):
+            while True:
+                scene = shapes.random_scene(rng)
+                ask = shapes.relational_questions if task.relational else shapes.attribute_questions
+                qas = ask(scene, rng)
+                if qas:
+                    break
+            qa = qas[0]
+            return MediaExample(
+                id=f"rl-{index}",
+                prompt=_question(qa.question),
+                target=qa.answer,
+                choices=qa.choices,
+                gold=qa.choices.index(qa.answer),
+                media=shapes.render(scene, IMAGE_SIZE),
+            )
+        pool = self._train_pool()
+        item = pool[rng.randrange(len(pool))]
+        if isinstance(task, DigitVQA):
+            image, label = item
+            return MediaExample(
+                id=f"rl-{index}",
+                prompt=_question(DIGIT_QUESTION),
+                target=str(int(label)),
+                choices=tuple(str(d) for d in range(10)),
+                gold=int(label),
+                media=digit_image(image, IMAGE_SIZE),
+            )
+        if isinstance(task, BabiQA1):
+            return Example(
+                id=f"rl-{item.id}", prompt=babi_prompt(item), target=item.answer, fewshot=self._fewshot
+            )
+        return Example(
+            id=f"rl-{item.id}", prompt=f"Question: {item.question.strip()}\nAnswer:", target=item.answer
+        )
+
+    def _train_pool(self) -> list:
+        if self._pool is None:
+            if isinstance(self.task, DigitVQA):
+                images, labels = mnist_split(self.data_dir, "train")
+                self._pool = list(zip(images, labels, strict=True))
+            elif isinstance(self.task, BabiQA1):
+                self._pool = read_babi_qa1(self.data_dir, "train")
+            elif self.name == "gsm8k":
+                self._pool = read_gsm8k(self.data_dir, "train")
+            else:
+                self._pool = read_svamp(self.data_dir, "train")
+        return self._pool
+
+    def _as_query(self, ex: Example) -> Query:
+        task = self.task
+        if ex.choices:
+            part = MediaPart("video" if ex.media.ndim == 4 else "image", ex.media)
+            return Query(
+                self.name,
+                ex.id,
+                (part, ex.prompt),
+                self.modality,
+                MC_MAX_NEW_TOKENS,
+                (STOP,),
+                " " + ex.target,
+                ex,
+            )
+        if isinstance(task, MathWordTask):
+            hint = " " + ex.target
+            if self.name == "gsm8k":
+                item = next(it for it in self._train_pool() if f"rl-{it.id}" == ex.id)
+                hint = f" {strip_calculator_annotations(item.solution)}\n#### {item.answer}"
+            return Query(
+                self.name, ex.id, ex.prompt, self.modality, task.options.max_new_tokens, MATH_STOP, hint, ex
+            )
+        (req,) = task.requests(ex)
+        assert isinstance(req, GenerationRequest)
+        return Query(
+            self.name, ex.id, req.context, self.modality, req.max_new_tokens, req.stop, " " + ex.target, ex
+        )
+
+    # ------------------------------------------------------------------ reward
+    def reward(self, query: Query, text: str) -> float:
+        """The task's per-example metric of ``text`` (cut at the query's stop strings), as a reward."""
+        ex = query.example
+        if ex.choices:
+            return float(match_choice(text, ex.choices) == ex.gold)
+        scores = self.task.score(ex, [GenerationResult(text, 0)])
+        primary = next(iter(self.task.metrics))
+        value = scores[primary]
+        if isinstance(value, tuple):
+            errors, total = value[0], value[1]
+            return 1.0 - min(1.0, errors / max(total, 1e-9))
+        return float(value) if self.task.metrics[primary] else 1.0 - min(1.0, float(value))

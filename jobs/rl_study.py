@@ -1,0 +1,95 @@
+"""``ernie5 rl-study STUDY``: the RL ablations, each one command and one report section.
+
+Every arm is an ``ernie5 rl`` run in ``OUT/<arm>`` from the same checkpoint, with the same queries,
+seed and budget; only the arm's own settings differ. A killed study continues where it stopped (a
+finished arm is kept, an interrupted one resumes from its newest checkpoint). The section
+(``OUT/report.md``, ``OUT/curves.png``, ``OUT/summary.json``) is :func:`reports.rl.write_section`.
+
+Studies:
+  * ``objective``: MISC + WPSM (the report's recipe) against MISC without WPSM, GSPO (sequence clip, no
+    token mismatch mask) and GRPO (token clip): entropy and reward curves.
+  * ``ahrl``: with and without adaptive hints: the no-hint success rate on the pool queries that were
+    hard for the starting model, before and after.
+  * ``scheduler``: U-RB, APRIL and synchronous rollouts on a long-tailed response-length mixture
+    (short arithmetic answers and long reversals): trained length against the data's, the learner's
+    idle time and the engine's slot use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reports.rl import write_section
+from train.loop import RunError, checkpoint_dirs
+from train.rl import rl, rl_config
+
+STUDIES: dict[str, dict] = {
+    "objective": {
+        "title": "RL objective: MISC and WPSM against GSPO and GRPO",
+        "intro": "Same queries and budget per arm; entropy collapse shows as a falling entropy curve.",
+        "arms": {
+            "misc+wpsm": [],
+            "misc": ["objective.wpsm=false"],
+            "gspo": ["objective.loss=gspo", "objective.wpsm=false"],
+            "grpo": ["objective.loss=grpo", "objective.wpsm=false"],
+        },
+    },
+    "ahrl": {
+        "title": "AHRL: adaptive hints on hard queries",
+        "intro": "Hard = the starting model's no-hint success rate on the query below the cutoff.",
+        "arms": {"ahrl": [], "no-hints": ["objective.ahrl=false"]},
+    },
+    "scheduler": {
+        "title": "Rollout scheduling: U-RB, APRIL and synchronous",
+        "intro": (
+            "Long-tailed lengths: short arithmetic answers mixed with long reversals. `sync` trains on "
+            "exactly the data distribution; a trained length below it is APRIL's bias toward short, "
+            "easy queries."
+        ),
+        "common": ["tasks={arith_d1: 3.0, reverse_l16: 1.0}", "objective.ahrl=false", "rollout.pool_size=0"],
+        "arms": {
+            "urb": ["rollout.scheduler=urb"],
+            "april": ["rollout.scheduler=april"],
+            "sync": ["rollout.scheduler=sync"],
+        },
+    },
+}
+
+
+def _finished(run_dir: Path, steps: int, needs_pass: bool) -> bool:
+    """Whether an arm's run reached its last step (and, with a query pool, its ``pass_final`` record)."""
+    if not any(c.name == f"step_{steps:08d}" for c in checkpoint_dirs(run_dir)):
+        return False
+    if not needs_pass:
+        return True
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.is_file() and '"pass_final"' in metrics.read_text(encoding="utf-8")
+
+
+def run_study(
+    study: str,
+    checkpoint: str,
+    out: str | Path,
+    verifiers_for,
+    *,
+    overrides: list[str] = (),
+    config: str | None = None,
+    quiet: bool = False,
+) -> Path:
+    """Run (or continue) every arm of ``study`` and write its section; returns ``OUT/report.md``.
+
+    ``verifiers_for(cfg)`` builds the verifiers of a run config's tasks (the job layer owns them).
+    """
+    if study not in STUDIES:
+        raise RunError(f"unknown rl study {study!r} (studies: {', '.join(STUDIES)})")
+    spec = STUDIES[study]
+    out = Path(out)
+    arms = {}
+    for arm, arm_overrides in spec["arms"].items():
+        cfg = rl_config(checkpoint, config, [*spec.get("common", []), *overrides, *arm_overrides])
+        run_dir = out / arm
+        if not _finished(run_dir, cfg.rl.steps, needs_pass=cfg.rollout.pool_size > 0):
+            resume = (run_dir / "config.yaml").exists()
+            rl(cfg, run_dir, verifiers_for(cfg), resume=resume, quiet=quiet)
+        arms[arm] = run_dir
+    return write_section(spec["title"], arms, out, spec.get("intro", ""))

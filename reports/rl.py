@@ -1,0 +1,144 @@
+"""RL run folders -> one report section: curves and a table per arm (``ernie5 rl-study`` writes it).
+
+Reads only what ``ernie5 rl`` wrote (``metrics.jsonl``, ``config.yaml``). Each arm is one RL run; the
+section shows reward and entropy over the steps (a 5-step moving mean), and a table with, per arm: the
+reward and entropy over the first and last ten steps, the lowest entropy (collapse shows there), the
+response length of the trained batches against the length of every rollout the engine finished
+(``sync`` trains on exactly the data distribution), the learner's idle time and the engine's slot use,
+the fractions masked by IcePop and WPSM and clipped, and the full model's no-hint success rate on the
+query pool before and after RL, split into the queries that were hard and easy at the start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLUMNS = (
+    ("reward_first", "reward (first 10)"),
+    ("reward_last", "reward (last 10)"),
+    ("entropy_first", "entropy (first 10)"),
+    ("entropy_last", "entropy (last 10)"),
+    ("entropy_min", "entropy min"),
+    ("trained_len", "trained length"),
+    ("idle_s", "learner idle s/step"),
+    ("slot_utilisation", "slot use"),
+    ("mismatch_masked_frac", "IcePop masked"),
+    ("wpsm_masked_frac", "WPSM masked"),
+    ("clip_frac", "clipped"),
+    ("pass_hard", "hard queries: pass init -> final"),
+    ("pass_easy", "easy queries: pass init -> final"),
+)
+
+
+def read_metrics(run: Path) -> tuple[list[dict], dict[str, dict]]:
+    """The step records and the events (by name) of an RL run folder."""
+    steps, events = [], {}
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run}: no metrics.jsonl (not an RL run folder)")
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        if "event" in rec:
+            events[rec["event"]] = rec
+        else:
+            steps.append(rec)
+    return steps, events
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def summarize(run: Path) -> dict:
+    """One arm's table row (see the module docstring)."""
+    steps, events = read_metrics(run)
+    if not steps:
+        raise ValueError(f"{run}: no RL steps recorded yet")
+
+    def col(key: str, recs: list[dict]) -> list[float]:
+        return [r[key] for r in recs if r.get(key) is not None]
+
+    first, last = steps[:10], steps[-10:]
+    row = {
+        "steps": len(steps),
+        "reward_first": _mean(col("reward", first)),
+        "reward_last": _mean(col("reward", last)),
+        "entropy_first": _mean(col("entropy", first)),
+        "entropy_last": _mean(col("entropy", last)),
+        "entropy_min": min(col("entropy", steps)),
+        "trained_len": _mean(col("response_len", steps)),
+        "idle_s": _mean(col("idle_s", steps)),
+        "slot_utilisation": _mean(col("slot_utilisation", steps)),
+        "mismatch_masked_frac": _mean(col("mismatch_masked_frac", steps)),
+        "wpsm_masked_frac": _mean(col("wpsm_masked_frac", steps)),
+        "clip_frac": _mean(col("clip_frac", steps)),
+    }
+    init, final = events.get("pass_init"), events.get("pass_final")
+    for part in ("hard", "easy"):
+        if init and final and init.get(f"{part}_mean") is not None:
+            row[f"pass_{part}"] = (init[f"{part}_mean"], final[f"{part}_mean"], init[f"n_{part}"])
+    return row
+
+
+def _fmt(key: str, v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if key.startswith("pass_"):
+        a, b, n = v
+        return f"{a:.3f} -> {b:.3f} (n={n})"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def _smooth(values: list[float], k: int = 5) -> list[float]:
+    return [_mean(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
+
+
+def plot_curves(arms: dict[str, Path], out: Path) -> Path:
+    """Reward and entropy per step of every arm (5-step moving mean), one PNG."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for name, run in arms.items():
+        steps, _ = read_metrics(run)
+        x = [r["step"] for r in steps]
+        axes[0].plot(x, _smooth([r["reward"] for r in steps]), label=name)
+        axes[1].plot(x, _smooth([r["entropy"] for r in steps]), label=name)
+    axes[0].set(title="reward (5-step mean)", xlabel="RL step")
+    axes[1].set(title="token entropy (5-step mean)", xlabel="RL step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def write_section(title: str, arms: dict[str, Path], out_dir: Path, intro: str = "") -> Path:
+    """``out_dir/report.md`` (and ``curves.png``): the study's table and curves."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = {name: summarize(run) for name, run in arms.items()}
+    png = plot_curves(arms, out_dir / "curves.png")
+    lines = [f"## {title}", ""]
+    if intro:
+        lines += [intro, ""]
+    lines += [
+        "| arm | steps | " + " | ".join(label for _, label in COLUMNS) + " |",
+        "|---|---:|" + "---:|" * len(COLUMNS),
+    ]
+    for name, row in rows.items():
+        cells = " | ".join(_fmt(k, row.get(k)) for k, _ in COLUMNS)
+        lines.append(f"| {name} | {row['steps']} | {cells} |")
+    lines += ["", f"![reward and entropy]({png.name})", ""]
+    path = out_dir / "report.md"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines), encoding="utf-8")
+    tmp.replace(path)
+    (out_dir / "summary.json").write_text(json.dumps(rows, indent=2, default=str), encoding="utf-8")
+    return path

@@ -1,0 +1,75 @@
+"""RL verifiers: training queries in the harness's prompt format, never an evaluated item, rewarded by
+the task's own scorer."""
+
+from __future__ import annotations
+
+import pytest
+
+import evals.tasks  # noqa: F401
+from evals.answers import match_choice
+from evals.api import GenerationResult
+from evals.task import TASKS
+from evals.verifiers import TaskVerifier, VerifierError
+
+
+@pytest.mark.parametrize("name", ["arith_d2", "reverse_l8", "sort_l4", "shapes_vqa_attr", "shapes_vqa_rel"])
+def test_procedural_queries_are_deterministic_and_never_evaluated(name):
+    v = TaskVerifier(name)
+    evaluated = {TaskVerifier._key(ex) for ex in TASKS.get(name)().all_examples(None)}
+    queries = [v.query(i, seed=0) for i in range(300)]
+    assert all(TaskVerifier._key(q.example) not in evaluated for q in queries)
+    again = v.query(7, seed=0)
+    assert (
+        again.context == queries[7].context if isinstance(again.context, str) else again.id == queries[7].id
+    )
+    assert v.query(7, seed=1).example.prompt != queries[7].example.prompt or name.startswith("shapes")
+
+
+def test_generation_reward_is_the_tasks_own_score():
+    v = TaskVerifier("arith_d2")
+    task = v.task
+    for i in range(20):
+        q = v.query(i, seed=0)
+        assert q.context == q.example.prompt and q.stop == ("\n",)
+        for text in (q.hint, " 0", q.hint + " ", " " + q.hint.strip() + "."):
+            want = task.score(q.example, [GenerationResult(text, 1)])["exact_match"]
+            assert v.reward(q, text) == want
+        assert v.reward(q, q.hint) == 1.0
+
+
+def test_multiple_choice_reward_parses_the_answer_against_the_gold_choice():
+    v = TaskVerifier("shapes_vqa_attr")
+    q = v.query(0, seed=0)
+    image, question = q.context
+    assert image.modality == "image" and question.endswith("Answer:")
+    gold = q.example.choices[q.example.gold]
+    assert v.reward(q, " " + gold) == 1.0
+    assert v.reward(q, f" {gold.upper()}.\nQuestion: more") == 1.0
+    other = next(c for c in q.example.choices if c != gold)
+    assert v.reward(q, " " + other) == 0.0 and v.reward(q, " something else") == 0.0
+
+
+def test_match_choice():
+    assert match_choice(" Red.", ("blue", "red")) == 1
+    assert match_choice(" red square", ("red", "square")) == -1
+    assert match_choice("", ("red",)) == -1
+
+
+def test_data_tasks_read_train_splits(data_root):
+    babi = TaskVerifier("babi_qa1", data_root)
+    q = babi.query(0, seed=0)
+    assert q.context.startswith(q.example.fewshot) and q.context.endswith("Answer:")
+    assert babi.reward(q, q.hint) == 1.0
+    gsm = TaskVerifier("gsm8k", data_root)
+    q = gsm.query(0, seed=0)
+    assert "####" in q.hint and gsm.reward(q, q.hint) == 1.0
+    digits = TaskVerifier("digit_vqa", data_root)
+    q = digits.query(0, seed=0)
+    assert digits.reward(q, q.hint) == 1.0
+
+
+def test_unsupported_and_unknown_tasks_are_one_line_errors():
+    with pytest.raises(VerifierError, match="not a registered task"):
+        TaskVerifier("no_such_task")
+    with pytest.raises(VerifierError, match="has no verifier"):
+        TaskVerifier("t2i_shapes")

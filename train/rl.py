@@ -1,0 +1,628 @@
+"""Unified multimodal RL on the elastic MoE: rollouts, verifier rewards, MISC + WPSM + AHRL, U-RB.
+
+One iteration ``t``:
+  1. The replay buffer (:mod:`train.rl_buffer`: ``urb``, ``april`` or ``sync``) hands over one batch of
+     query groups, ``G`` finished responses each, sampled by the rollout engine (:mod:`train.rollout`) from
+     the policy's compute copy under the group's elastic sub-model (one sub-model per query group,
+     sampled like pretraining's, so the post-trained model stays elastic).
+  2. Rewards: each task's verifier (``evals.verifiers`` through ``ernie5 rl``: the harness's own scorer).
+  3. GRPO group advantages; optional DAPO dynamic sampling.
+  4. The learner recomputes every response token's log-prob at the rollout weights (``logp_old``), with
+     the rollout's expert routing replayed (``objective.routing_replay``), and its entropy.
+  5. WPSM: each query's success rate (EMA over its visits) and the responses' entropies mask well-learned
+     positives; AHRL hints were chosen at launch from the initial policy's pass rate on the query.
+  6. ``objective.minibatches`` optimizer steps on the MISC loss (token IcePop mask from
+     ``logp_old`` vs the behaviour ``logp_infer`` x sequence clip), or the GSPO / GRPO baselines.
+  7. One ``metrics.jsonl`` record: reward, entropy, length, clip and mask fractions, hint fraction, the
+     learner's idle time (generation time since the last update), the engine's slot use, per modality
+     and per sampled sub-model.
+
+Exact resume: the model, optimizer, replay buffer (partial rollouts with their log-probs, versions and
+routing), success rates and pass rates are checkpointed; sampling is a pure function of ``(seed, round)``
+and the rollouts given, so a run killed and resumed reproduces the uninterrupted one.
+
+References:
+  * ERNIE 5.0 Technical Report (arXiv 2602.04705) §4 (UMRL: U-RB, MISC, WPSM, AHRL) and §5.4 (router
+    replay). algorithms.md §6 (three policies, GSPO-token form, the recommended actor loss).
+
+Deviations:
+  1. AHRL's ``pass_init`` is the initial full model's success rate over ``G`` samples (a pass@1
+     estimate) measured once over a finite query pool (``rollout.pool_size``) before the first update;
+     the hint is a prefix of the reference *response* (the tasks have no separate thinking trace). The
+     same measure after the last update (``pass_final``, no hints) gives the accuracy on the queries that
+     were hard (``pass_init < ahrl_pass_cutoff``) and easy at the start.
+  2. The aux-free router bias is frozen during RL (no balancing updates: RL should not move routing by
+     a rule of its own).
+  3. A response is a success for WPSM when its reward is 1 (the best a verifier gives).
+  4. See :mod:`train.rl_buffer` and :mod:`train.rollout` for the engine's deviations.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
+from ernie5.fast import apply_fast_paths
+from ernie5.model.elastic import Subnet
+from ernie5.sequence.context import context_document
+from ernie5.sequence.segments import pack
+from ernie5.store.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_train_state,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from ernie5.store.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
+from train.elastic import sample_subnet
+from train.loop import CKPT_DIR, RunError, _first_difference, _param_groups, checkpoint_dirs
+from train.precision import MixedPrecision
+from train.rl_buffer import BatchStats, ReplayBuffer, Rollout
+from train.rl_config import RLRunConfig
+from train.rl_objectives import (
+    ahrl_hint_fraction,
+    dynamic_sampling_keep,
+    group_advantages,
+    grpo_loss,
+    gspo_loss,
+    misc_loss,
+    update_success_ema,
+    wpsm_mask,
+)
+from train.rollout import Prompt, RolloutEngine, rollout_document
+
+
+class Verifier(Protocol):
+    """What the RL loop needs of a task (``evals.verifiers.TaskVerifier`` is one)."""
+
+    name: str
+    modality: str
+
+    def query(self, index: int, seed: int) -> Any:
+        """Query ``index`` of the seeded training stream (``context``, ``max_new_tokens``, ``stop``,
+        ``hint``)."""
+
+    def reward(self, query: Any, text: str) -> float:
+        """The reward of response ``text`` (cut at the query's stop strings)."""
+
+
+def subnet_key(dims: dict) -> str:
+    """``d6-w64-k4``: a sampled sub-model's depth, width and top-k."""
+    return f"d{dims['depth']}-w{dims['width']}-k{dims['top_k']}"
+
+
+class RLTrainer:
+    """State of one RL run; :meth:`run` does the work."""
+
+    def __init__(
+        self,
+        cfg: RLRunConfig,
+        run_dir: str | Path,
+        verifiers: dict[str, Verifier],
+        *,
+        resume: bool = False,
+        quiet: bool = False,
+    ) -> None:
+        missing = sorted(set(cfg.tasks) - set(verifiers))
+        if missing:
+            raise RunError(f"no verifier for rl task(s) {', '.join(missing)}")
+        if cfg.objective.ahrl and cfg.rollout.pool_size == 0:
+            raise RunError(
+                "objective.ahrl needs rollout.pool_size > 0 "
+                "(the initial pass rates are measured over the pool)"
+            )
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.verifiers = verifiers
+        self.quiet = quiet
+        if cfg.rl.threads:
+            torch.set_num_threads(cfg.rl.threads)
+        self.resume_dir = self._prepare_run_dir(resume)
+        self._queries: dict[int, Any] = {}
+        self._prompts: dict[int, Prompt] = {}
+
+    # ---------------------------------------------------------------- setup
+    def _prepare_run_dir(self, resume: bool) -> Path | None:
+        cfg_path = self.run_dir / "config.yaml"
+        ckpts = checkpoint_dirs(self.run_dir)
+        if not resume and (ckpts or cfg_path.exists()):
+            raise RunError(f"run folder {self.run_dir} already holds a run; pass --resume, or a new --out")
+        if resume and cfg_path.exists():
+            try:
+                stored = from_dict(RLRunConfig, read_yaml(cfg_path))
+            except ConfigError as e:
+                raise RunError(f"{cfg_path}: {e}") from None
+            same = replace(stored, rl=replace(stored.rl, steps=self.cfg.rl.steps))
+            if to_dict(same) != to_dict(self.cfg):
+                diff = _first_difference(to_dict(same), to_dict(self.cfg))
+                raise RunError(
+                    f"--resume with a different config than {cfg_path} ({diff}); only rl.steps may grow"
+                )
+            if self.cfg.rl.steps < stored.rl.steps:
+                raise RunError(
+                    f"--resume with rl.steps={self.cfg.rl.steps} < {stored.rl.steps}: runs only grow"
+                )
+        return ckpts[-1] if (resume and ckpts) else None
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        source = self.resume_dir or cfg.rl.init_from
+        if not source:
+            raise RunError("rl.init_from: no checkpoint to start from")
+        try:
+            ckpt = load_checkpoint(resolve_checkpoint(source), fast=False)
+        except (CheckpointError, OSError) as e:
+            raise RunError(f"rl.init_from: {str(e).splitlines()[0]}") from None
+        if to_dict(ckpt.cfg) != to_dict(cfg.model):
+            raise RunError(
+                f"{source}: model config differs ({_first_difference(to_dict(ckpt.cfg), to_dict(cfg.model))})"
+            )
+        if ckpt.tokenizer is None:
+            raise RunError(f"{source}: the checkpoint has no text tokenizer")
+        self.ckpt = ckpt
+        self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            _param_groups(self.model, cfg.optim.weight_decay),
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            eps=cfg.optim.eps,
+            fused=cfg.optim.fused,
+        )
+        ro = cfg.rollout
+        self.buffer = ReplayBuffer(
+            ro.scheduler,
+            ro.queries_per_step,
+            ro.group_size,
+            lookahead=ro.lookahead,
+            over_provision=ro.over_provision,
+            chunk=ro.chunk,
+        )
+        self.start_step = 0
+        self.success: dict[int, float] = {}
+        self.pass_init: dict[int, float] = {}
+        if self.resume_dir is not None:
+            tensors, state = load_train_state(self.resume_dir, optimizer=self.optimizer)
+            self.start_step = int(state["step"])
+            self.buffer.load_state(
+                state["buffer"], {k: v for k, v in tensors.items() if k.startswith("routing/")}
+            )
+            self.success = {int(k): v for k, v in state["success"].items()}
+            self.pass_init = {int(k): v for k, v in state["pass_init"].items()}
+        self.precision = MixedPrecision(self.model, cfg.rl.dtype)
+        apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
+        self.engine = RolloutEngine(
+            self.precision.compute, self.tokenizer, self._prompt, temperature=ro.temperature, seed=cfg.rl.seed
+        )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.run_dir / "config.yaml", dump(cfg))
+        meta = provenance(cfg.rl.seed)
+        meta.update(
+            {
+                "init_from": str(cfg.rl.init_from),
+                "resumed_from": str(self.resume_dir) if self.resume_dir else None,
+            }
+        )
+        write_json(self.run_dir / "meta.json", meta)
+        metrics = self.run_dir / "metrics.jsonl"
+        rewrite_jsonl(metrics, [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step])
+
+    # ---------------------------------------------------------------- queries
+    def _key(self, q: int) -> int:
+        """The pool entry of stream query ``q`` (``q`` itself for an endless stream)."""
+        pool = self.cfg.rollout.pool_size
+        return q % pool if pool else q
+
+    def _query(self, q: int):
+        if q not in self._queries:
+            key = self._key(q)
+            names = list(self.cfg.tasks)
+            rng = random.Random(f"rl-task/{self.cfg.rl.seed}/{key}")
+            task = rng.choices(names, weights=[self.cfg.tasks[n] for n in names])[0]
+            self._queries[q] = (task, self.verifiers[task].query(key, self.cfg.rl.seed))
+        return self._queries[q]
+
+    def _prompt(self, r: Rollout) -> Prompt:
+        if r.query not in self._prompts:
+            _, query = self._query(r.query)
+            doc = context_document(
+                query.context,
+                self.tokenizer,
+                vision_tokenizer=self.ckpt.vision_tokenizer,
+                vision_cfg=self.cfg.model.vision,
+                audio_codec=self.ckpt.audio_codec,
+            )
+            cap = self.cfg.rollout.max_new_tokens
+            budget = min(query.max_new_tokens, cap) if cap else query.max_new_tokens
+            self._prompts[r.query] = Prompt(doc, budget, tuple(query.stop))
+        return self._prompts[r.query]
+
+    def _subnet(self, q: int) -> tuple[Subnet, dict]:
+        return sample_subnet(
+            self.cfg.elastic, self.cfg.model, self.cfg.rl.seed, q // self.cfg.rollout.queries_per_step, 0
+        )
+
+    def _hint_ids(self, q: int, step: int) -> list[int]:
+        obj = self.cfg.objective
+        key = self._key(q)
+        if not obj.ahrl or key not in self.pass_init:
+            return []
+        gamma = math.log(2) / (0.125 * self.cfg.rl.steps)
+        frac = float(
+            ahrl_hint_fraction(
+                torch.tensor(self.pass_init[key]),
+                obj.ahrl_max_fraction,
+                step=step,
+                gamma=gamma,
+                pass_cutoff=obj.ahrl_pass_cutoff,
+            )
+        )
+        ref = self.tokenizer.encode(self._query(q)[1].hint)
+        return ref[: int(round(frac * len(ref)))]
+
+    def _launch(self, q: int) -> list[Rollout]:
+        hint = self._hint_ids(q, self.buffer.step)
+        return [Rollout(q, s, hint=list(hint)) for s in range(self.cfg.rollout.group_size)]
+
+    def _advance(self, rollouts: list[Rollout], budget: int, round_: int) -> tuple[int, int]:
+        """One engine round, split by sub-model (rollouts of different groups may differ)."""
+        by_subnet: dict[str, list[Rollout]] = defaultdict(list)
+        subnets = {}
+        for r in rollouts:
+            sub, dims = self._subnet(r.query)
+            by_subnet[subnet_key(dims)].append(r)
+            subnets[subnet_key(dims)] = sub
+        steps = tokens = 0
+        for j, key in enumerate(sorted(by_subnet)):
+            s, n = self.engine.advance(
+                by_subnet[key], budget, round_ * 1009 + j, subnets[key], self.buffer.step
+            )
+            steps, tokens = steps + s, tokens + n
+        return steps, tokens
+
+    def _measure_pass(self, salt: int) -> dict[int, float]:
+        """Success rate of the full model on every pool query (``G`` samples at the rollout temperature,
+        no hint): AHRL's ``pass_init`` before the first update, and ``pass_final`` after the last."""
+        pool, G = self.cfg.rollout.pool_size, self.cfg.rollout.group_size
+        full = Subnet.full(self.cfg.model)
+        out = {}
+        for start in range(0, pool, 64):
+            rollouts = [Rollout(q, s) for q in range(start, min(pool, start + 64)) for s in range(G)]
+            self.engine.advance(rollouts, 1 << 30, -(salt * 1_000_003 + start + 1), full, self.buffer.step)
+            for q in range(start, min(pool, start + 64)):
+                out[q] = sum(self._reward(r) for r in rollouts if r.query == q) / G
+        self._queries.clear()
+        self._prompts.clear()
+        return out
+
+    def _pass_event(self, name: str, values: dict[int, float], seconds: float) -> dict:
+        cut = self.cfg.objective.ahrl_pass_cutoff
+        hard = [values[k] for k, v in self.pass_init.items() if v < cut]
+        easy = [values[k] for k, v in self.pass_init.items() if v >= cut]
+        return {
+            "step": self.start_step if name == "pass_init" else self.cfg.rl.steps,
+            "event": name,
+            "seconds": seconds,
+            "mean": sum(values.values()) / len(values),
+            "hard_mean": sum(hard) / len(hard) if hard else None,
+            "easy_mean": sum(easy) / len(easy) if easy else None,
+            "n_hard": len(hard),
+            "n_easy": len(easy),
+        }
+
+    def _reward(self, r: Rollout) -> float:
+        task, query = self._query(r.query)
+        return self.verifiers[task].reward(query, self.engine.response_text(r, tuple(query.stop)))
+
+    # ---------------------------------------------------------------- learner
+    def _learner_batch(self, rows: list[Rollout], replay: bool):
+        """Inputs of prompt + response per row, the response positions and tokens, and the replay ids."""
+        docs = [rollout_document(self._prompt(r), r) for r in rows]
+        lens = [sum(len(s) for s in d) for d in docs]
+        width = max(lens)
+        inputs = pack(docs, width, n_rows=len(rows), one_per_row=True).inputs
+        n_max = max(len(r.tokens) for r in rows)
+        pos_BT = torch.zeros(len(rows), n_max, dtype=torch.long)
+        tok_BT = torch.zeros(len(rows), n_max, dtype=torch.long)
+        mask_BT = torch.zeros(len(rows), n_max, dtype=torch.bool)
+        logp_infer_BT = torch.zeros(len(rows), n_max)
+        for k, (r, n) in enumerate(zip(rows, lens, strict=True)):
+            m = len(r.tokens)
+            start = n - m  # first response position; it is predicted from start - 1
+            pos_BT[k, :m] = torch.arange(start - 1, n - 1)
+            tok_BT[k, :m] = torch.tensor(r.tokens)
+            mask_BT[k, :m] = True
+            logp_infer_BT[k, :m] = torch.tensor(r.logp)
+        routing = None
+        if replay:
+            routing = {}
+            for layer in rows[0].routing:
+                a = rows[0].routing[layer].shape[1]
+                ids = torch.full((len(rows), width, a), -1, dtype=torch.long)
+                for k, r in enumerate(rows):
+                    fed = r.routing[layer]
+                    ids[k, : len(fed)] = fed.long()
+                routing[layer] = ids
+        return inputs, pos_BT, tok_BT, mask_BT, logp_infer_BT, routing
+
+    def _logprobs(self, batch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs (with grad when enabled) and entropies of the response tokens."""
+        inputs, pos_BT, tok_BT, _, _, routing = batch
+        kwargs = {"routing_replay": routing} if routing is not None else {}
+        out = self.precision.compute(inputs, subnet=subnet, **kwargs)
+        rows = torch.arange(pos_BT.shape[0])[:, None]
+        logits_BTV = out.logits_BTV[rows, pos_BT].float() / self.cfg.rollout.temperature
+        logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
+        logp_BT = logp_BTV.gather(-1, tok_BT[..., None]).squeeze(-1)
+        ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
+        return logp_BT, ent_BT.detach()
+
+    def _loss(self, logp_new, logp_old, logp_infer, adv, mask, weight):
+        obj = self.cfg.objective
+        if obj.loss == "misc":
+            return misc_loss(
+                logp_new,
+                logp_old,
+                logp_infer,
+                adv,
+                mask,
+                clip_low=obj.clip_low,
+                clip_high=obj.clip_high,
+                icepop_low=obj.icepop_low,
+                icepop_high=obj.icepop_high,
+                seq_weight_B=weight,
+            )
+        if obj.loss == "gspo":
+            loss, stats = gspo_loss(
+                logp_new, logp_old, adv, mask, clip_low=obj.clip_low, clip_high=obj.clip_high
+            )
+        else:
+            loss, stats = grpo_loss(
+                logp_new, logp_old, adv, mask, clip_low=obj.grpo_clip, clip_high=obj.grpo_clip
+            )
+        stats["mismatch_masked_frac"] = torch.tensor(0.0)
+        return loss, stats
+
+    def _learn(self, step: int, groups: list[list[Rollout]]) -> dict:
+        cfg, obj = self.cfg, self.cfg.objective
+        rows = [r for g in groups for r in g]
+        rewards = torch.tensor([[self._reward(r) for r in g] for g in groups])
+        adv_B = group_advantages(rewards).reshape(-1)
+        keep_B = torch.ones(len(rows), dtype=torch.bool)
+        if obj.dynamic_sampling:
+            keep_B = dynamic_sampling_keep(rewards).repeat_interleave(len(groups[0]))
+        reward_B = rewards.reshape(-1)
+        # Sub-model of each row (its query group's), and the learner's view at the rollout weights.
+        parts: dict[str, list[int]] = defaultdict(list)
+        subnets, dims_of = {}, {}
+        for k, r in enumerate(rows):
+            sub, dims = self._subnet(r.query)
+            key = subnet_key(dims)
+            parts[key].append(k)
+            subnets[key], dims_of[key] = sub, dims
+        n_max = max(len(r.tokens) for r in rows)
+        logp_old = torch.zeros(len(rows), n_max)
+        ent = torch.zeros(len(rows), n_max)
+        for key, idx in parts.items():
+            b = self._learner_batch([rows[k] for k in idx], obj.routing_replay)
+            with torch.no_grad():
+                lp, en = self._logprobs(b, subnets[key])
+            logp_old[idx, : lp.shape[1]] = lp.float()
+            ent[idx, : en.shape[1]] = en.float()
+        mask = torch.zeros(len(rows), n_max, dtype=torch.bool)
+        logp_infer = torch.zeros(len(rows), n_max)
+        for k, r in enumerate(rows):
+            mask[k, : len(r.tokens)] = True
+            logp_infer[k, : len(r.tokens)] = torch.tensor(r.logp)
+        ent_B = (ent * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+        # WPSM: success-rate state per pool query, then the mask of well-learned positives.
+        keys = [self._key(r.query) for r in rows]
+        uniq = sorted(set(keys))
+        local = torch.tensor([uniq.index(k) for k in keys])
+        ema = torch.tensor([self.success.get(k, 0.0) for k in uniq])
+        seen = torch.tensor([k in self.success for k in uniq])
+        success_B = (reward_B >= 1.0).float()
+        fresh = update_success_ema(ema, local, success_B, 0.0)
+        ema = torch.where(seen, update_success_ema(ema, local, success_B, obj.wpsm_decay), fresh)
+        for k, v in zip(uniq, ema.tolist(), strict=True):
+            self.success[k] = v
+        masked_B = torch.zeros(len(rows), dtype=torch.bool)
+        if obj.wpsm:
+            masked_B = wpsm_mask(ema, local, reward_B, ent_B, obj.wpsm_threshold, obj.wpsm_quantile)
+        weight_B = (1.0 - obj.wpsm_alpha * masked_B.float()) * keep_B.float()
+        # Optimizer steps over minibatches of rows.
+        order = list(range(len(rows)))
+        n_mb = min(obj.minibatches, len(rows))
+        stats_acc: dict[str, list[float]] = defaultdict(list)
+        grad_norms = []
+        t0 = time.perf_counter()
+        for mb in range(n_mb):
+            chosen = set(order[mb::n_mb])
+            total = len(chosen)
+            for key, idx in parts.items():
+                sel = [j for j, k in enumerate(idx) if k in chosen]
+                if not sel:
+                    continue
+                rows_idx = [idx[j] for j in sel]
+                b = self._learner_batch([rows[k] for k in rows_idx], obj.routing_replay)
+                lp_new, _ = self._logprobs(b, subnets[key])
+                w = lp_new.shape[1]
+                loss, st = self._loss(
+                    lp_new.float(),
+                    logp_old[rows_idx, :w],
+                    logp_infer[rows_idx, :w],
+                    adv_B[rows_idx],
+                    mask[rows_idx, :w],
+                    weight_B[rows_idx],
+                )
+                (loss * len(rows_idx) / total).backward()
+                self.precision.accumulate_grads()
+                for name, v in st.items():
+                    stats_acc[name].append(float(v))
+            grad_norms.append(self.precision.step(self.optimizer, cfg.optim.grad_clip))
+            self.optimizer.zero_grad(set_to_none=True)
+            self.precision.sync()
+        train_s = time.perf_counter() - t0
+        # Record.
+        lens = torch.tensor([len(r.tokens) for r in rows], dtype=torch.float)
+        rec: dict[str, Any] = {
+            "reward": float(reward_B.mean()),
+            "entropy": float((ent * mask).sum() / mask.sum()),
+            "response_len": float(lens.mean()),
+            "truncated_frac": sum(r.truncated for r in rows) / len(rows),
+            "clip_frac": sum(stats_acc["clip_frac"]) / max(1, len(stats_acc["clip_frac"])),
+            "mismatch_masked_frac": sum(stats_acc["mismatch_masked_frac"])
+            / max(1, len(stats_acc["mismatch_masked_frac"])),
+            "logp_mismatch": float(((logp_old - logp_infer).abs() * mask).sum() / mask.sum()),
+            "wpsm_masked_frac": float(masked_B.float().mean()),
+            "dynamic_dropped_frac": float(1 - keep_B.float().mean()),
+            "hint_frac": sum(bool(r.hint) for r in rows) / len(rows),
+            "staleness": float(
+                sum(step - v for r in rows for v in r.versions) / max(1, sum(len(r.versions) for r in rows))
+            ),
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "train_s": train_s,
+            "queries": sorted({r.query for r in rows}),
+        }
+        by_task, by_mod = defaultdict(list), defaultdict(list)
+        ent_mod = defaultdict(list)
+        for k, r in enumerate(rows):
+            task, _ = self._query(r.query)
+            by_task[task].append(float(reward_B[k]))
+            mod = self.verifiers[task].modality
+            by_mod[mod].append(float(reward_B[k]))
+            ent_mod[mod].append(float(ent_B[k]))
+        rec["reward_by_task"] = {t: sum(v) / len(v) for t, v in sorted(by_task.items())}
+        rec["reward_by_modality"] = {m: sum(v) / len(v) for m, v in sorted(by_mod.items())}
+        rec["entropy_by_modality"] = {m: sum(v) / len(v) for m, v in sorted(ent_mod.items())}
+        rec["by_subnet"] = {
+            key: {**dims_of[key], "n": len(idx), "reward": float(reward_B[idx].mean())}
+            for key, idx in sorted(parts.items())
+        }
+        for q in {r.query for r in rows}:
+            self._queries.pop(q, None)
+            self._prompts.pop(q, None)
+        return rec
+
+    # ---------------------------------------------------------------- loop
+    def _checkpoint(self, step: int) -> None:
+        path = self.run_dir / CKPT_DIR / f"step_{step:08d}"
+        buf_state, routing = self.buffer.state()
+        state = {
+            "step": step,
+            "buffer": buf_state,
+            "success": {str(k): v for k, v in self.success.items()},
+            "pass_init": {str(k): v for k, v in self.pass_init.items()},
+        }
+        save_checkpoint(
+            path,
+            self.model,
+            tokenizer=self.tokenizer,
+            meta={**provenance(self.cfg.rl.seed), "step": step, "subnet": None, "run": str(self.run_dir)},
+            train_state=(self.optimizer, {"torch_rng": torch.get_rng_state(), **routing}, state),
+            vision_tokenizer=self.ckpt.vision_tokenizer,
+            refiner=self.ckpt.refiner,
+            audio_codec=self.ckpt.audio_codec,
+        )
+        for old in checkpoint_dirs(self.run_dir)[: -self.cfg.rl.keep_ckpts]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def run(self) -> dict:
+        """Train to ``rl.steps``; returns the last record."""
+        self._setup()
+        cfg = self.cfg
+        if cfg.rollout.pool_size and not self.pass_init:
+            t0 = time.perf_counter()
+            self.pass_init = self._measure_pass(0)
+            event = self._pass_event("pass_init", self.pass_init, time.perf_counter() - t0)
+            append_jsonl(self.run_dir / "metrics.jsonl", event)
+        last: dict = {}
+        bar = None
+        if not self.quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=cfg.rl.steps, initial=self.start_step, desc="rl", unit="step", dynamic_ncols=True
+            )
+        for step in range(self.start_step, cfg.rl.steps):
+            lr = (
+                cfg.optim.lr * min(1.0, (step + 1) / cfg.rl.lr_warmup_steps)
+                if cfg.rl.lr_warmup_steps
+                else cfg.optim.lr
+            )
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
+            t0 = time.perf_counter()
+            groups, stats = self.buffer.next_batch(self._launch, self._advance)
+            gen_s = time.perf_counter() - t0
+            rec = self._learn(step, groups)
+            rec = {"step": step + 1, "lr": lr, **rec, **_batch_stats(stats, gen_s)}
+            last = rec
+            if (step + 1) % cfg.rl.log_every == 0 or step + 1 == cfg.rl.steps:
+                append_jsonl(self.run_dir / "metrics.jsonl", rec)
+            if (step + 1) % cfg.rl.ckpt_every == 0 or step + 1 == cfg.rl.steps:
+                self._checkpoint(step + 1)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{rec['reward']:.3f}", ent=f"{rec['entropy']:.3f}")
+        if bar is not None:
+            bar.close()
+        recorded = read_jsonl(self.run_dir / "metrics.jsonl")
+        if cfg.rollout.pool_size and not any(
+            r.get("event") == "pass_final" and r.get("step") == cfg.rl.steps for r in recorded
+        ):
+            t0 = time.perf_counter()
+            final = self._pass_event("pass_final", self._measure_pass(1), time.perf_counter() - t0)
+            append_jsonl(self.run_dir / "metrics.jsonl", final)
+        return last
+
+
+def _batch_stats(stats: BatchStats, gen_s: float) -> dict:
+    return {
+        "idle_s": gen_s,
+        "engine_rounds": stats.rounds,
+        "decode_steps": stats.decode_steps,
+        "slot_utilisation": stats.slot_utilisation,
+    }
+
+
+def rl_config(checkpoint: str, config: str | None, overrides: list[str]) -> RLRunConfig:
+    """The run's config: :class:`~train.rl_config.RLRunConfig`'s defaults, then the YAML file ``config``,
+    then ``overrides`` (``dotted.key=value``); the model is the checkpoint's and ``rl.init_from`` the
+    checkpoint's folder."""
+    from ernie5.config import apply_overrides
+
+    try:
+        path = resolve_checkpoint(checkpoint)
+    except CheckpointError as e:
+        raise RunError(f"--checkpoint: {str(e).splitlines()[0]}") from None
+    data = read_yaml(config) if config else {}
+    if "model" in data:
+        raise ConfigError(f"{config}: no model section (the model is the checkpoint's)")
+    data["model"] = read_yaml(path / "config.yaml")
+    rl_section = data.setdefault("rl", {})
+    if not isinstance(rl_section, dict):
+        raise ConfigError("rl: expected a mapping")
+    rl_section["init_from"] = str(path)
+    return from_dict(RLRunConfig, apply_overrides(data, overrides))
+
+
+def rl(
+    cfg: RLRunConfig,
+    run_dir: str | Path,
+    verifiers: dict[str, Verifier],
+    *,
+    resume: bool = False,
+    quiet: bool = False,
+) -> dict:
+    """Run RL from ``cfg.rl.init_from`` into ``run_dir``."""
+    return RLTrainer(cfg, run_dir, verifiers, resume=resume, quiet=quiet).run()
