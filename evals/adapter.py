@@ -28,7 +28,7 @@ import torch
 
 from ernie5.data.audio_sources import speaker_id
 from ernie5.generation.audio import AudioSampling, generate_audio, speech_prompt
-from ernie5.generation.text import generate
+from ernie5.generation.text import cut_at_stop, generate
 from ernie5.generation.vision import generate_media
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
@@ -288,7 +288,7 @@ class Ernie5EvalModel:
                 new = self._generate_batch(batch, max_new, temperature, seed, stops, tally)
                 dt = (time.perf_counter() - t0) / len(idx)
                 for row, i in enumerate(idx):
-                    text = _cut(self.tokenizer.decode(new[row]), requests[i].stop)
+                    text = cut_at_stop(self.tokenizer.decode(new[row]), requests[i].stop)
                     out[i] = GenerationResult(text, len(new[row]))
                     costs[i] = Cost(dt, _prompt_len(prompts[i]), len(new[row]))
         return tally.answers(out, costs)
@@ -515,12 +515,3 @@ def _prompt_len(prompt: list) -> int:
 
 def _has_media(context: Context) -> bool:
     return not isinstance(context, str) and any(isinstance(p, MediaPart) for p in context)
-
-
-def _cut(text: str, stops: tuple[str, ...]) -> str:
-    cut = len(text)
-    for s in stops:
-        at = text.find(s)
-        if at != -1:
-            cut = min(cut, at)
-    return text[:cut]

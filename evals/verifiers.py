@@ -7,8 +7,8 @@ The RL stage (``train.rl``) never imports the harness; the job that starts it (`
   own prompt format (the same context the harness gives the model, so what RL improves is what the
   harness measures). Items come from the task's training side and never from what the harness scores:
   procedural problems and shapes scenes are drawn from a generator namespace of their own and any item
-  equal to one of the task's evaluated items is skipped; MNIST digits come from the train split, GSM8K
-  and SVAMP problems and bAbI stories from their train splits.
+  equal to one of the first :data:`HELD_OUT` items the task evaluates is skipped; MNIST digits come from
+  the train split, GSM8K and SVAMP problems and bAbI stories from their train splits.
 * :meth:`TaskVerifier.reward`: the task's own per-example metric on the response: generation tasks call
   :meth:`evals.task.Task.score` (``arith_d2``'s exact match, GSM8K's
   :func:`evals.answers.extract_final_number`),
@@ -50,6 +50,9 @@ from evals.tasks.vision import IMAGE_SIZE, DigitVQA, MediaExample, _question, _S
 MC_MAX_NEW_TOKENS = 8
 """Generation budget of a multiple-choice answer (every choice is a word or two)."""
 _MAX_REDRAWS = 64
+HELD_OUT = 5000
+"""Items of a generated task's evaluated stream that training queries never equal (``n_examples`` up to
+this many are safe to evaluate after RL)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,11 @@ class TaskVerifier:
         if name not in TASKS:
             raise VerifierError(f"rl task {name!r} is not a registered task")
         self.task: Task = TASKS.get(name)()
+        held = self.task
+        if "n_examples" in held.kwargs and "n_examples" not in held.fixed:
+            # generated tasks: hold out the first HELD_OUT items of the evaluated stream, so a suite
+            # that raises n_examples (up to that) never scores an item RL trained on
+            held = TASKS.get(name)(n_examples=max(HELD_OUT, held.kwargs["n_examples"]))
         self.name = name
         self.data_dir = data_dir
         ok, why = self.task.available(data_dir)
@@ -94,7 +102,7 @@ class TaskVerifier:
                 "(procedural, shapes_vqa_*, digit_vqa, babi_qa1, gsm8k and svamp have)"
             )
         self.modality = self.task.modality
-        evaluated = self.task.all_examples(data_dir)
+        evaluated = held.all_examples(data_dir)
         self._held_out = {self._key(ex) for ex in evaluated}
         self._fewshot = evaluated[0].fewshot if evaluated else ""
         """The harness's few-shot prefix (babi_qa1's solved train stories): RL asks in the same context."""

@@ -28,7 +28,7 @@ STUDIES: dict[str, dict] = {
         "title": "RL objective: MISC and WPSM against GSPO and GRPO",
         "intro": "Same queries and budget per arm; entropy collapse shows as a falling entropy curve.",
         "arms": {
-            "misc+wpsm": [],
+            "misc+wpsm": ["objective.wpsm=true"],
             "misc": ["objective.wpsm=false"],
             "gspo": ["objective.loss=gspo", "objective.wpsm=false"],
             "grpo": ["objective.loss=grpo", "objective.wpsm=false"],
@@ -37,7 +37,8 @@ STUDIES: dict[str, dict] = {
     "ahrl": {
         "title": "AHRL: adaptive hints on hard queries",
         "intro": "Hard = the starting model's no-hint success rate on the query below the cutoff.",
-        "arms": {"ahrl": [], "no-hints": ["objective.ahrl=false"]},
+        "common": ["rollout.pool_size=192"],
+        "arms": {"ahrl": ["objective.ahrl=true"], "no-hints": ["objective.ahrl=false"]},
     },
     "scheduler": {
         "title": "Rollout scheduling: U-RB, APRIL and synchronous",
@@ -46,7 +47,7 @@ STUDIES: dict[str, dict] = {
             "exactly the data distribution; a trained length below it is APRIL's bias toward short, "
             "easy queries."
         ),
-        "common": ["tasks={arith_d1: 3.0, reverse_l16: 1.0}", "objective.ahrl=false", "rollout.pool_size=0"],
+        "common": ["tasks={arith_d1: 3.0, reverse_l16: 1.0}", "rollout.pool_size=0"],
         "arms": {
             "urb": ["rollout.scheduler=urb"],
             "april": ["rollout.scheduler=april"],

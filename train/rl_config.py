@@ -21,9 +21,9 @@ class RolloutConfig:
     scheduler: Literal["urb", "april", "sync"] = "urb"
     """``urb``: the Unbiased Replay Buffer (iteration t trains exactly query group D_t); ``april``: train on
     the first groups to finish; ``sync``: generate D_t to the end, then train (train.rl_buffer)."""
-    queries_per_step: int = 8
+    queries_per_step: int = 12
     """Queries per iteration group D_t (the train batch, in queries)."""
-    group_size: int = 8
+    group_size: int = 16
     """Responses per query (GRPO's G)."""
     lookahead: int = 2
     """U-RB: groups D_t..D_{t+lookahead-1} in flight (the inference pool holds lookahead x the batch)."""
@@ -73,8 +73,9 @@ class ObjectiveConfig:
     wpsm_alpha: float = 1.0
     wpsm_decay: float = 0.0
     """EMA decay of each query's success rate (0 = the current iteration's rate, the report's acc_x^t)."""
-    ahrl: bool = True
-    """Adaptive hints: a prefix of the reference response appended to hard queries' prompts."""
+    ahrl: bool = False
+    """Adaptive hints: a prefix of the reference response appended to hard queries' prompts (needs a
+    finite query pool, ``rollout.pool_size > 0``, for the starting model's pass rates)."""
     ahrl_max_fraction: float = 0.5
     ahrl_pass_cutoff: float = 0.5
     dynamic_sampling: bool = False
@@ -99,7 +100,7 @@ class ObjectiveConfig:
 class RLLoopConfig:
     """The loop."""
 
-    steps: int = 40
+    steps: int = 150
     """RL iterations (one query group each)."""
     seed: int = 0
     """Seeds the query stream, sampling and elastic sub-models."""
@@ -119,15 +120,17 @@ class RLRunConfig:
     """Everything an RL run needs."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    tasks: dict[str, float] = field(default_factory=lambda: {"arith_d2": 1.0})
+    tasks: dict[str, float] = field(default_factory=lambda: {"reverse_l8": 1.0, "shapes_vqa_attr": 1.0})
     """Harness task -> sampling weight of its queries (evals.verifiers supplies queries and rewards)."""
     data_dir: str = ""
     rl: RLLoopConfig = field(default_factory=RLLoopConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-5, weight_decay=0.0))
-    elastic: ElasticConfig = field(default_factory=ElasticConfig)
-    """Sub-model sampling, one sub-model per query group (rollouts and learner use the same)."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, weight_decay=0.0))
+    elastic: ElasticConfig = field(default_factory=lambda: ElasticConfig(enabled=False))
+    """Sub-model sampling, one sub-model per query group (rollouts and learner use the same). Off by
+    default: RL trains the full model and the sweep measures what its sub-models keep (train.rl,
+    Deviation 5)."""
 
     def __post_init__(self) -> None:
         check(bool(self.tasks), "tasks must name at least one task")

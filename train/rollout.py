@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ernie5.generation.text import sample_categorical
+from ernie5.generation.text import cut_at_stop, sample_categorical
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
 from ernie5.sequence.segments import Segment, pack, text_segment
@@ -46,16 +46,6 @@ class Prompt:
     """The context as one document (BOS first), without the hint."""
     max_new_tokens: int
     stop: tuple[str, ...]
-
-
-def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
-    """``text`` up to the first of ``stops`` (the harness cuts generated answers the same way)."""
-    cut = len(text)
-    for s in stops:
-        at = text.find(s)
-        if at != -1:
-            cut = min(cut, at)
-    return text[:cut]
 
 
 def rollout_document(prompt: Prompt, r: Rollout, with_tokens: bool = True) -> list[Segment]:

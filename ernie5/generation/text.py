@@ -70,6 +70,17 @@ def sample_categorical(probs_BV: torch.Tensor, gen: torch.Generator | None = Non
     return idx_B1.clamp_max_(probs_BV.shape[-1] - 1).squeeze(-1)
 
 
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    """``text`` up to the first occurrence of any of ``stops`` (the evaluation harness and the RL
+    rollouts cut generated answers the same way)."""
+    cut = len(text)
+    for s in stops:
+        at = text.find(s)
+        if at != -1:
+            cut = min(cut, at)
+    return text[:cut]
+
+
 def _pick(logits_BV: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
     if temperature <= 0:
         return logits_BV.argmax(dim=-1)

@@ -14,7 +14,7 @@ from ernie5.config import from_dict, load, to_dict
 from ernie5.presets import resolve_config_path
 from ernie5.sequence.context import context_document
 from ernie5.store.checkpoint import load_checkpoint
-from train.config import RunConfig
+from train.config import ElasticConfig, RunConfig
 from train.loop import RunError, checkpoint_dirs, pretrain
 from train.rl import RLTrainer, rl_config
 from train.rl_buffer import Rollout
@@ -60,7 +60,8 @@ def _cfg(ckpt: Path, **sections) -> RLRunConfig:
         # machine with two intra-op threads; the test pins what it checks, not the thread schedule
         rl=RLLoopConfig(steps=4, init_from=str(ckpt), dtype="fp32", ckpt_every=2, threads=1),
         rollout=RolloutConfig(queries_per_step=4, group_size=4, chunk=2, pool_size=8),
-        objective=ObjectiveConfig(minibatches=2),
+        objective=ObjectiveConfig(minibatches=2, ahrl=True),
+        elastic=ElasticConfig(),  # one sampled sub-model per query group
     )
     return replace(base, **sections)
 

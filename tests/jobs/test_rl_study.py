@@ -1,0 +1,65 @@
+"""``ernie5 rl-study``: every arm is an RL run, a finished arm is kept on a rerun, the section is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ernie5.config import load
+from ernie5.presets import resolve_config_path
+from jobs.rl_study import STUDIES, run_study
+from train.config import RunConfig
+from train.loop import RunError, checkpoint_dirs, pretrain
+
+
+class _Query:
+    def __init__(self, index: int) -> None:
+        self.context, self.max_new_tokens, self.stop, self.hint = f"Q: {index % 5}\nA:", 3, ("\n",), " ee"
+
+
+class _Verifier:
+    name, modality = "toy", "text"
+
+    def query(self, index: int, seed: int) -> _Query:
+        return _Query(index)
+
+    def reward(self, query, text: str) -> float:
+        return float("e" in text)
+
+
+@pytest.fixture(scope="module")
+def micro_ckpt(tmp_path_factory):
+    run = tmp_path_factory.mktemp("study") / "base"
+    cfg = load(RunConfig, resolve_config_path("micro"), ["train.steps=4", "data.tokenizer_chars=20000"])
+    pretrain(cfg, run, quiet=True)
+    return checkpoint_dirs(run)[-1]
+
+
+def test_the_ahrl_study_runs_its_arms_and_writes_its_section(micro_ckpt, tmp_path):
+    overrides = [
+        "tasks={toy: 1.0}", "rl.steps=2", "rl.dtype=fp32", "rollout.queries_per_step=2",
+        "rollout.group_size=2", "rollout.pool_size=4",
+    ]  # fmt: skip
+    calls = []
+
+    def verifiers(cfg):
+        calls.append(cfg.objective.ahrl)
+        return {"toy": _Verifier()}
+
+    report = run_study("ahrl", str(micro_ckpt), tmp_path, verifiers, overrides=overrides, quiet=True)
+    assert calls == [True, False]
+    text = report.read_text()
+    assert "| ahrl | 2 |" in text and "| no-hints | 2 |" in text and "->" in text
+    events = [json.loads(x) for x in (tmp_path / "ahrl" / "metrics.jsonl").read_text().splitlines()]
+    assert {e.get("event") for e in events} >= {"pass_init", "pass_final"}
+    # a rerun keeps the finished arms (no verifier is built again)
+    run_study("ahrl", str(micro_ckpt), tmp_path, verifiers, overrides=overrides, quiet=True)
+    assert calls == [True, False]
+
+
+def test_studies_name_their_arms_and_unknown_studies_are_refused(micro_ckpt, tmp_path):
+    assert set(STUDIES) == {"objective", "ahrl", "scheduler"}
+    assert set(STUDIES["scheduler"]["arms"]) == {"urb", "april", "sync"}
+    with pytest.raises(RunError, match="unknown rl study 'kl'"):
+        run_study("kl", str(micro_ckpt), tmp_path, lambda cfg: {})
