@@ -47,7 +47,7 @@ STUDIES: dict[str, dict] = {
             "exactly the data distribution; a trained length below it is APRIL's bias toward short, "
             "easy queries."
         ),
-        "common": ["tasks={arith_d1: 3.0, reverse_l16: 1.0}", "rollout.pool_size=0"],
+        "common": ["tasks={arith_d2: 3.0, reverse_l16: 1.0}", "rollout.pool_size=0", "rollout.chunk=2"],
         "arms": {
             "urb": ["rollout.scheduler=urb"],
             "april": ["rollout.scheduler=april"],

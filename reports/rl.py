@@ -5,7 +5,10 @@ section shows reward and entropy over the steps (a 5-step moving mean), and a ta
 reward and entropy over the first and last ten steps, the lowest entropy (collapse shows there), the
 response length of the trained batches against the length of every rollout the engine finished
 (``sync`` trains on exactly the data distribution), the learner's idle time and the engine's slot use,
-the fractions masked by IcePop and WPSM and clipped, and the full model's no-hint success rate on the
+the share of each task among the trained responses (overall, and of the rarest task over the
+first six steps: APRIL's batches drift from the data order there), the policy-version lag of the
+trained tokens, the fractions masked by IcePop and WPSM and
+clipped, and the full model's no-hint success rate on the
 query pool before and after RL, split into the queries that were hard and easy at the start.
 """
 
@@ -27,6 +30,9 @@ COLUMNS = (
     ("entropy_last", "entropy (last 10)"),
     ("entropy_min", "entropy min"),
     ("trained_len", "trained length"),
+    ("task_mix", "trained task mix"),
+    ("rare_share", "rarest task's share, steps 1-6"),
+    ("staleness", "staleness (versions)"),
     ("idle_s", "learner idle s/step"),
     ("slot_utilisation", "slot use"),
     ("mismatch_masked_frac", "IcePop masked"),
@@ -79,7 +85,19 @@ def summarize(run: Path) -> dict:
         "mismatch_masked_frac": _mean(col("mismatch_masked_frac", steps)),
         "wpsm_masked_frac": _mean(col("wpsm_masked_frac", steps)),
         "clip_frac": _mean(col("clip_frac", steps)),
+        "staleness": _mean(col("staleness", steps)),
     }
+    counts: dict[str, int] = {}
+    for r in steps:
+        for task, n in r.get("rows_by_task", {}).items():
+            counts[task] = counts.get(task, 0) + n
+    if counts:
+        total = sum(counts.values())
+        row["task_mix"] = " / ".join(f"{t} {n / total:.2f}" for t, n in sorted(counts.items()))
+        if len(counts) > 1:
+            rare = min(counts, key=counts.get)
+            shares = [r["rows_by_task"].get(rare, 0) / sum(r["rows_by_task"].values()) for r in steps[:6]]
+            row["rare_share"] = f"{rare}: " + " ".join(f"{x:.2f}" for x in shares)
     init, final = events.get("pass_init"), events.get("pass_final")
     for part in ("hard", "easy"):
         if init and final and init.get(f"{part}_mean") is not None:

@@ -506,6 +506,7 @@ class RLTrainer:
             by_mod[mod].append(float(reward_B[k]))
             ent_mod[mod].append(float(ent_B[k]))
         rec["reward_by_task"] = {t: sum(v) / len(v) for t, v in sorted(by_task.items())}
+        rec["rows_by_task"] = {t: len(v) for t, v in sorted(by_task.items())}
         rec["reward_by_modality"] = {m: sum(v) / len(v) for m, v in sorted(by_mod.items())}
         rec["entropy_by_modality"] = {m: sum(v) / len(v) for m, v in sorted(ent_mod.items())}
         rec["by_subnet"] = {

@@ -26,7 +26,8 @@ def _run(path, rewards, entropies, *, length=2.0, passes=None):
     for i, (r, e) in enumerate(zip(rewards, entropies, strict=True)):
         lines.append(
             {"step": i + 1, "reward": r, "entropy": e, "response_len": length, "idle_s": 0.5,
-             "slot_utilisation": 0.7, "mismatch_masked_frac": 0.01, "wpsm_masked_frac": 0.1, "clip_frac": 0.2}
+             "slot_utilisation": 0.7, "mismatch_masked_frac": 0.01, "wpsm_masked_frac": 0.1, "clip_frac": 0.2,
+             "rows_by_task": {"a": 3, "b": 1}}
         )  # fmt: skip
     if passes:
         lines.append(
@@ -52,6 +53,7 @@ def test_summary_reads_first_and_last_windows_and_pass_rates(tmp_path):
         and row["reward_last"] == pytest.approx(0.5)
     )
     assert row["entropy_min"] == pytest.approx(0.4) and row["pass_hard"] == (0.1, 0.3, 5)
+    assert row["task_mix"] == "a 0.75 / b 0.25"
 
 
 def test_section_has_a_row_per_arm_and_the_curves(tmp_path):
