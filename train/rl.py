@@ -17,6 +17,9 @@ One iteration ``t``:
      learner's idle time (generation time since the last update), the engine's slot use, per modality
      and per sampled sub-model.
 
+Extending a run (``--resume`` with a larger ``rl.steps``) re-evaluates AHRL's decay ``gamma`` (a function
+of ``rl.steps``) for the queries launched after the resume point, as pretraining's schedules are.
+
 Exact resume: the model, optimizer, replay buffer (partial rollouts with their log-probs, versions and
 routing), success rates and pass rates are checkpointed; sampling is a pure function of ``(seed, round)``
 and the rollouts given, so a run killed and resumed reproduces the uninterrupted one.
@@ -541,8 +544,9 @@ class RLTrainer:
         for old in checkpoint_dirs(self.run_dir)[: -self.cfg.rl.keep_ckpts]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def run(self) -> dict:
-        """Train to ``rl.steps``; returns the last record."""
+    def run(self, until: int | None = None) -> dict:
+        """Train to ``rl.steps`` (or stop after step ``until``, as an interrupted run would, leaving its
+        checkpoint to resume from); returns the last record."""
         self._setup()
         cfg = self.cfg
         if cfg.rollout.pool_size and not self.pass_init:
@@ -558,7 +562,8 @@ class RLTrainer:
             bar = tqdm(
                 total=cfg.rl.steps, initial=self.start_step, desc="rl", unit="step", dynamic_ncols=True
             )
-        for step in range(self.start_step, cfg.rl.steps):
+        stop = cfg.rl.steps if until is None else min(until, cfg.rl.steps)
+        for step in range(self.start_step, stop):
             lr = (
                 cfg.optim.lr * min(1.0, (step + 1) / cfg.rl.lr_warmup_steps)
                 if cfg.rl.lr_warmup_steps
@@ -574,7 +579,7 @@ class RLTrainer:
             last = rec
             if (step + 1) % cfg.rl.log_every == 0 or step + 1 == cfg.rl.steps:
                 append_jsonl(self.run_dir / "metrics.jsonl", rec)
-            if (step + 1) % cfg.rl.ckpt_every == 0 or step + 1 == cfg.rl.steps:
+            if (step + 1) % cfg.rl.ckpt_every == 0 or step + 1 in (cfg.rl.steps, stop):
                 self._checkpoint(step + 1)
             if bar is not None:
                 bar.update(1)
@@ -582,8 +587,10 @@ class RLTrainer:
         if bar is not None:
             bar.close()
         recorded = read_jsonl(self.run_dir / "metrics.jsonl")
-        if cfg.rollout.pool_size and not any(
-            r.get("event") == "pass_final" and r.get("step") == cfg.rl.steps for r in recorded
+        if (
+            stop == cfg.rl.steps
+            and cfg.rollout.pool_size
+            and not any(r.get("event") == "pass_final" and r.get("step") == cfg.rl.steps for r in recorded)
         ):
             t0 = time.perf_counter()
             final = self._pass_event("pass_final", self._measure_pass(1), time.perf_counter() - t0)
