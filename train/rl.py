@@ -176,6 +176,14 @@ class RLTrainer:
         if ckpt.tokenizer is None:
             raise RunError(f"{source}: the checkpoint has no text tokenizer")
         self.ckpt = ckpt
+        for task in cfg.tasks:
+            need = self.verifiers[task].modality
+            if need in ("image", "video") and (ckpt.vision_tokenizer is None or ckpt.model.vision is None):
+                raise RunError(
+                    f"rl task {task} asks about {need}s; {source} has no vision tokenizer or module"
+                )
+            if need == "audio" and (ckpt.audio_codec is None or ckpt.model.audio is None):
+                raise RunError(f"rl task {task} asks about audio; {source} has no audio codec or module")
         self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
         self.model.train()
         self.optimizer = torch.optim.AdamW(

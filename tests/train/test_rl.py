@@ -170,6 +170,14 @@ def test_bad_configs_are_one_line_errors(micro_ckpt, tmp_path):
         RLTrainer(other, tmp_path / "c", {"toy": ToyVerifier()}, resume=True)
 
 
+def test_a_media_task_on_a_text_only_checkpoint_is_a_one_line_error(micro_ckpt, tmp_path):
+    class ImageVerifier(ToyVerifier):
+        modality = "image"
+
+    with pytest.raises(RunError, match="rl task toy asks about images; .* has no vision tokenizer"):
+        RLTrainer(_cfg(micro_ckpt), tmp_path / "img", {"toy": ImageVerifier()}, quiet=True).run()
+
+
 def test_rl_config_takes_the_checkpoints_model_and_overrides(micro_ckpt, tmp_path):
     cfg = rl_config(str(micro_ckpt), None, ["rl.steps=3", "rollout.scheduler=april"])
     assert to_dict(cfg.model) == to_dict(load_checkpoint(micro_ckpt, fast=False).cfg)
