@@ -19,7 +19,8 @@ The RL stage (``train.rl``) never imports the harness; the job that starts it (`
   text AHRL takes its hint prefix from.
 
 Supported tasks: the procedural families (``arith*``, ``copy_reverse``/``copy_l*``/``reverse_l*``,
-``sort*``), ``shapes_vqa_attr``, ``shapes_vqa_rel``, ``digit_vqa`` (data root), ``babi_qa1`` (data root,
+``sort*``), ``shapes_vqa_attr``, ``shapes_vqa_rel``, ``video_shapes``, ``digit_vqa`` and ``video_digits``
+(data root: MNIST train digits), ``babi_qa1`` (data root,
 with the harness's few-shot prefix), ``gsm8k`` and ``svamp`` (data root, zero-shot prompts: the
 harness's few-shot prefix does not fit the small models' context).
 """
@@ -32,11 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ernie5.data import shapes
 from ernie5.data.mnist import digit_image, mnist_split
+from ernie5.data.moving import DIRECTIONS, moving_digits_clip, moving_shape_clip
 from ernie5.data.procedural import STOP, generate
 from ernie5.data.text import read_babi_qa1, read_gsm8k, read_svamp, strip_calculator_annotations
-from ernie5.data.vision_sources import DIGIT_QUESTION
+from ernie5.data.vision_sources import (
+    CLIP_FRAMES,
+    DIGIT_MOTION_QUESTION,
+    DIGIT_QUESTION,
+    MOTION_QUESTION,
+    SHAPE_MOTION_QUESTION,
+)
 from evals.answers import match_choice
 from evals.api import GenerationRequest, GenerationResult, MediaPart
 from evals.task import TASKS, Example, Task
@@ -45,7 +55,15 @@ from evals.tasks.babi import _prompt as babi_prompt
 from evals.tasks.math_word import STOP as MATH_STOP
 from evals.tasks.math_word import MathWordTask
 from evals.tasks.procedural import ProceduralTask
-from evals.tasks.vision import IMAGE_SIZE, DigitVQA, MediaExample, _question, _ShapesVQA
+from evals.tasks.vision import (
+    IMAGE_SIZE,
+    DigitVQA,
+    MediaExample,
+    VideoDigits,
+    VideoShapes,
+    _question,
+    _ShapesVQA,
+)
 
 MC_MAX_NEW_TOKENS = 8
 """Generation budget of a multiple-choice answer (every choice is a word or two)."""
@@ -79,6 +97,18 @@ def _media_key(prompt: str, media) -> str:
     return hashlib.sha256(prompt.encode() + memoryview(media).tobytes()).hexdigest()
 
 
+def _clip_example(index: int, clip, question: str, choices, answer: str) -> MediaExample:
+    choices = tuple(choices)
+    return MediaExample(
+        id=f"rl-{index}",
+        prompt=_question(question),
+        target=answer,
+        choices=choices,
+        gold=choices.index(answer),
+        media=clip,
+    )
+
+
 class TaskVerifier:
     """Training queries and rewards of one registered harness task (see the module docstring)."""
 
@@ -96,10 +126,13 @@ class TaskVerifier:
         ok, why = self.task.available(data_dir)
         if not ok:
             raise VerifierError(f"rl task {name}: {why}")
-        if not isinstance(self.task, (ProceduralTask, _ShapesVQA, DigitVQA, MathWordTask, BabiQA1)):
+        if not isinstance(
+            self.task, (ProceduralTask, _ShapesVQA, DigitVQA, VideoShapes, VideoDigits, MathWordTask, BabiQA1)
+        ):
             raise VerifierError(
                 f"rl task {name!r} has no verifier "
-                "(procedural, shapes_vqa_*, digit_vqa, babi_qa1, gsm8k and svamp have)"
+                "(procedural, shapes_vqa_*, digit_vqa, video_shapes, video_digits, babi_qa1, gsm8k "
+                "and svamp have)"
             )
         self.modality = self.task.modality
         evaluated = held.all_examples(data_dir)
@@ -143,8 +176,36 @@ class TaskVerifier:
                 gold=qa.choices.index(qa.answer),
                 media=shapes.render(scene, IMAGE_SIZE),
             )
+        if isinstance(task, VideoShapes):
+            shape = shapes.random_scene(rng, n_shapes=1).shapes[0]
+            direction = rng.choice(DIRECTIONS)
+            clip, _ = moving_shape_clip(
+                shape,
+                direction,
+                np.random.default_rng(rng.randrange(2**32)),
+                n_frames=CLIP_FRAMES,
+                size=IMAGE_SIZE,
+            )
+            if rng.random() < 0.5:
+                return _clip_example(index, clip, MOTION_QUESTION, DIRECTIONS, direction)
+            return _clip_example(index, clip, SHAPE_MOTION_QUESTION, shapes.KINDS, shape.kind)
         pool = self._train_pool()
         item = pool[rng.randrange(len(pool))]
+        if isinstance(task, VideoDigits):
+            image, label = item
+            direction = rng.choice(DIRECTIONS)
+            clip, _ = moving_digits_clip(
+                [image],
+                [direction],
+                np.random.default_rng(rng.randrange(2**32)),
+                n_frames=CLIP_FRAMES,
+                size=IMAGE_SIZE,
+            )
+            if rng.random() < 0.5:
+                return _clip_example(index, clip, MOTION_QUESTION, DIRECTIONS, direction)
+            return _clip_example(
+                index, clip, DIGIT_MOTION_QUESTION, tuple(str(d) for d in range(10)), str(int(label))
+            )
         if isinstance(task, DigitVQA):
             image, label = item
             return MediaExample(
@@ -165,7 +226,7 @@ class TaskVerifier:
 
     def _train_pool(self) -> list:
         if self._pool is None:
-            if isinstance(self.task, DigitVQA):
+            if isinstance(self.task, (DigitVQA, VideoDigits)):
                 images, labels = mnist_split(self.data_dir, "train")
                 self._pool = list(zip(images, labels, strict=True))
             elif isinstance(self.task, BabiQA1):

@@ -12,7 +12,9 @@ from evals.task import TASKS
 from evals.verifiers import TaskVerifier, VerifierError
 
 
-@pytest.mark.parametrize("name", ["arith_d2", "reverse_l8", "sort_l4", "shapes_vqa_attr", "shapes_vqa_rel"])
+@pytest.mark.parametrize(
+    "name", ["arith_d2", "reverse_l8", "sort_l4", "shapes_vqa_attr", "shapes_vqa_rel", "video_shapes"]
+)
 def test_procedural_queries_are_deterministic_and_never_evaluated(name):
     v = TaskVerifier(name)
     evaluated = {TaskVerifier._key(ex) for ex in TASKS.get(name)().all_examples(None)}
@@ -66,6 +68,11 @@ def test_data_tasks_read_train_splits(data_root):
     digits = TaskVerifier("digit_vqa", data_root)
     q = digits.query(0, seed=0)
     assert digits.reward(q, q.hint) == 1.0
+    clips = TaskVerifier("video_digits", data_root)
+    q = clips.query(1, seed=0)
+    clip, question = q.context
+    assert clip.modality == "video" and clip.data.ndim == 4 and question.endswith("Answer:")
+    assert clips.reward(q, q.hint) == 1.0
 
 
 def test_unsupported_and_unknown_tasks_are_one_line_errors():
