@@ -6,8 +6,9 @@ finished arm is kept, an interrupted one resumes from its newest checkpoint). Th
 (``OUT/report.md``, ``OUT/curves.png``, ``OUT/summary.json``) is :func:`reports.rl.write_section`.
 
 Studies:
-  * ``objective``: MISC + WPSM (the report's recipe) against MISC without WPSM, GSPO (sequence clip, no
-    token mismatch mask) and GRPO (token clip): entropy and reward curves.
+  * ``objective``: MISC + WPSM (the report's recipe), with and without routing replay, against MISC
+    without WPSM, GSPO (sequence clip, no token mismatch mask) and GRPO (token clip): entropy and
+    reward curves, and the train/inference mismatch each leaves.
   * ``ahrl``: with and without adaptive hints: the no-hint success rate on the pool queries that were
     hard for the starting model, before and after.
   * ``scheduler``: U-RB, APRIL and synchronous rollouts on a long-tailed response-length mixture
@@ -29,6 +30,7 @@ STUDIES: dict[str, dict] = {
         "intro": "Same queries and budget per arm; entropy collapse shows as a falling entropy curve.",
         "arms": {
             "misc+wpsm": ["objective.wpsm=true"],
+            "misc+wpsm-no-replay": ["objective.wpsm=true", "objective.routing_replay=false"],
             "misc": ["objective.wpsm=false"],
             "gspo": ["objective.loss=gspo", "objective.wpsm=false"],
             "grpo": ["objective.loss=grpo", "objective.wpsm=false"],
