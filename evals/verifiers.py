@@ -20,7 +20,8 @@ The RL stage (``train.rl``) never imports the harness; the job that starts it (`
 
 Supported tasks: the procedural families (``arith*``, ``copy_reverse``/``copy_l*``/``reverse_l*``,
 ``sort*``), ``shapes_vqa_attr``, ``shapes_vqa_rel``, ``video_shapes``, ``digit_vqa`` and ``video_digits``
-(data root: MNIST train digits), ``babi_qa1`` (data root,
+(data root: MNIST train digits), ``asr_fsdd`` (data root: the seen speakers' train recordings; the reward
+is ``1 - WER``), ``babi_qa1`` (data root,
 with the harness's few-shot prefix), ``gsm8k`` and ``svamp`` (data root, zero-shot prompts: the
 harness's few-shot prefix does not fit the small models' context).
 """
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ernie5.data import shapes
+from ernie5.data.audio import fsdd_sequences
 from ernie5.data.mnist import digit_image, mnist_split
 from ernie5.data.moving import DIRECTIONS, moving_digits_clip, moving_shape_clip
 from ernie5.data.procedural import STOP, generate
@@ -50,6 +52,7 @@ from ernie5.data.vision_sources import (
 from evals.answers import match_choice
 from evals.api import GenerationRequest, GenerationResult, MediaPart
 from evals.task import TASKS, Example, Task
+from evals.tasks.audio import AsrFsdd, AudioExample
 from evals.tasks.babi import BabiQA1
 from evals.tasks.babi import _prompt as babi_prompt
 from evals.tasks.math_word import STOP as MATH_STOP
@@ -68,6 +71,8 @@ from evals.tasks.vision import (
 MC_MAX_NEW_TOKENS = 8
 """Generation budget of a multiple-choice answer (every choice is a word or two)."""
 _MAX_REDRAWS = 64
+FSDD_POOL, FSDD_SEED = 4000, 20251205
+"""Spoken digit strings built from the seen speakers' FSDD train recordings for ``asr_fsdd``'s queries."""
 HELD_OUT = 5000
 """Items of a generated task's evaluated stream that training queries never equal (``n_examples`` up to
 this many are safe to evaluate after RL)."""
@@ -127,12 +132,13 @@ class TaskVerifier:
         if not ok:
             raise VerifierError(f"rl task {name}: {why}")
         if not isinstance(
-            self.task, (ProceduralTask, _ShapesVQA, DigitVQA, VideoShapes, VideoDigits, MathWordTask, BabiQA1)
+            self.task,
+            (ProceduralTask, _ShapesVQA, DigitVQA, VideoShapes, VideoDigits, MathWordTask, BabiQA1, AsrFsdd),
         ):
             raise VerifierError(
                 f"rl task {name!r} has no verifier "
-                "(procedural, shapes_vqa_*, digit_vqa, video_shapes, video_digits, babi_qa1, gsm8k "
-                "and svamp have)"
+                "(procedural, shapes_vqa_*, digit_vqa, video_shapes, video_digits, asr_fsdd, babi_qa1, "
+                "gsm8k and svamp have)"
             )
         self.modality = self.task.modality
         evaluated = held.all_examples(data_dir)
@@ -144,6 +150,8 @@ class TaskVerifier:
     @staticmethod
     def _key(ex: Example) -> str:
         media = getattr(ex, "media", None)
+        if media is None:
+            media = getattr(ex, "wave", None)
         return ex.prompt if media is None else _media_key(ex.prompt, media)
 
     # ------------------------------------------------------------------ queries
@@ -191,6 +199,14 @@ class TaskVerifier:
             return _clip_example(index, clip, SHAPE_MOTION_QUESTION, shapes.KINDS, shape.kind)
         pool = self._train_pool()
         item = pool[rng.randrange(len(pool))]
+        if isinstance(task, AsrFsdd):
+            return AudioExample(
+                id=f"rl-{index}",
+                prompt="",
+                target=item.text,
+                wave=item.wave,
+                info={"speaker": item.speaker, "group": "seen"},
+            )
         if isinstance(task, VideoDigits):
             image, label = item
             direction = rng.choice(DIRECTIONS)
@@ -229,6 +245,9 @@ class TaskVerifier:
             if isinstance(self.task, (DigitVQA, VideoDigits)):
                 images, labels = mnist_split(self.data_dir, "train")
                 self._pool = list(zip(images, labels, strict=True))
+            elif isinstance(self.task, AsrFsdd):
+                # 2-4 digits of one seen speaker's train recordings joined, as the task joins its test ones
+                self._pool = fsdd_sequences(self.data_dir, "train", FSDD_POOL, 2, 4, seed=FSDD_SEED)
             elif isinstance(self.task, BabiQA1):
                 self._pool = read_babi_qa1(self.data_dir, "train")
             elif self.name == "gsm8k":

@@ -73,6 +73,13 @@ def test_data_tasks_read_train_splits(data_root):
     clip, question = q.context
     assert clip.modality == "video" and clip.data.ndim == 4 and question.endswith("Answer:")
     assert clips.reward(q, q.hint) == 1.0
+    asr = TaskVerifier("asr_fsdd", data_root)
+    q = asr.query(0, seed=0)
+    wave, prefix = q.context
+    assert wave.modality == "audio" and prefix == "Transcript:" and q.example.info["group"] == "seen"
+    words = q.hint.split()
+    assert asr.reward(q, q.hint) == 1.0 and asr.reward(q, "") == 0.0
+    assert asr.reward(q, " " + " ".join(words[:-1])) == pytest.approx(1 - 1 / len(words))  # 1 - WER
 
 
 def test_unsupported_and_unknown_tasks_are_one_line_errors():
