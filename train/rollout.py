@@ -107,10 +107,11 @@ class RolloutEngine:
         cache = model.new_cache(b, t0 + steps)
         inputs = pack(docs, t0, n_rows=b, one_per_row=True).inputs.to(device)
         out = model(inputs, subnet=subnet, cache=cache)
-        for i, ro in out.routing.items():
-            ids_BTA = ro.expert_ids_NA.view(b, t0, -1).to(torch.int16).cpu()
-            for k, r in enumerate(rows):
-                r.routing[i] = ids_BTA[k, : lens[k]].clone()
+        prefill_ids = {
+            i: ro.expert_ids_NA.view(b, t0, -1).to(torch.int16).cpu() for i, ro in out.routing.items()
+        }
+        step_ids: dict[int, list[torch.Tensor]] = {i: [] for i in prefill_ids}  # per fed step, (B, A)
+        fed: list[list[bool]] = []  # per fed step, which rows fed a token of their own
         idx = torch.arange(b)
         last = torch.tensor(lens) - 1
         logits_BV = out.logits_BTV[idx, last]
@@ -146,12 +147,19 @@ class RolloutEngine:
             )
             out = model(step_inputs, subnet=subnet, cache=cache)
             for i, ro in out.routing.items():
-                ids_BA = ro.expert_ids_NA.view(b, -1).to(torch.int16).cpu()
-                for k, r in enumerate(rows):
-                    if active[k]:
-                        r.routing[i] = torch.cat([r.routing[i], ids_BA[k : k + 1]])
+                step_ids[i].append(ro.expert_ids_NA.view(b, -1).to(torch.int16).cpu())
+            fed.append(list(active))
             next_pos = next_pos + 1
             logits_BV = out.logits_BTV[:, -1]
+        fed_SB = torch.tensor(fed, dtype=torch.bool).view(len(fed), b)
+        for i, prefill_BTA in prefill_ids.items():
+            steps_SBA = (
+                torch.stack(step_ids[i])
+                if step_ids[i]
+                else prefill_BTA.new_zeros(0, b, prefill_BTA.shape[-1])
+            )
+            for k, r in enumerate(rows):
+                r.routing[i] = torch.cat([prefill_BTA[k, : lens[k]], steps_SBA[fed_SB[:, k], k]])
         return done_steps, sampled
 
     def response_text(self, r: Rollout, stops: tuple[str, ...]) -> str:
