@@ -51,7 +51,7 @@ import random
 import shutil
 import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,6 +60,7 @@ import torch
 from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
 from ernie5.fast import apply_fast_paths
 from ernie5.model.elastic import Subnet
+from ernie5.model.inputs import Inputs
 from ernie5.sequence.context import context_document
 from ernie5.sequence.segments import pack
 from ernie5.store.checkpoint import (
@@ -86,6 +87,19 @@ from train.rl_objectives import (
     wpsm_mask,
 )
 from train.rollout import Prompt, RolloutEngine, rollout_document
+
+
+@dataclass
+class LearnerBatch:
+    """What the learner's forward over a set of rollouts needs."""
+
+    inputs: Inputs
+    pos_BT: torch.Tensor
+    """Position whose logits predict each response token (0 past a row's response)."""
+    tok_BT: torch.Tensor
+    """The response tokens (0 past a row's response)."""
+    routing: dict[int, torch.Tensor] | None
+    """MoE layer -> ``(B, T, A)`` replayed expert ids, or None (route afresh)."""
 
 
 class Verifier(Protocol):
@@ -339,45 +353,38 @@ class RLTrainer:
         return self.verifiers[task].reward(query, self.engine.response_text(r, tuple(query.stop)))
 
     # ---------------------------------------------------------------- learner
-    def _learner_batch(self, rows: list[Rollout], replay: bool):
-        """Inputs of prompt + response per row, the response positions and tokens, and the replay ids."""
+    def _learner_batch(self, rows: list[Rollout], replay: bool) -> LearnerBatch:
+        """Prompt + response of each row packed one per row, the response tokens' positions, and the
+        rollouts' expert ids (``replay``; -1 where a position was never fed)."""
         docs = [rollout_document(self._prompt(r), r) for r in rows]
         lens = [sum(len(s) for s in d) for d in docs]
         width = max(lens)
-        inputs = pack(docs, width, n_rows=len(rows), one_per_row=True).inputs
         n_max = max(len(r.tokens) for r in rows)
         pos_BT = torch.zeros(len(rows), n_max, dtype=torch.long)
         tok_BT = torch.zeros(len(rows), n_max, dtype=torch.long)
-        mask_BT = torch.zeros(len(rows), n_max, dtype=torch.bool)
-        logp_infer_BT = torch.zeros(len(rows), n_max)
         for k, (r, n) in enumerate(zip(rows, lens, strict=True)):
             m = len(r.tokens)
-            start = n - m  # first response position; it is predicted from start - 1
-            pos_BT[k, :m] = torch.arange(start - 1, n - 1)
+            pos_BT[k, :m] = torch.arange(n - m - 1, n - 1)  # response token j is predicted at n - m - 1 + j
             tok_BT[k, :m] = torch.tensor(r.tokens)
-            mask_BT[k, :m] = True
-            logp_infer_BT[k, :m] = torch.tensor(r.logp)
         routing = None
         if replay:
             routing = {}
-            for layer in rows[0].routing:
-                a = rows[0].routing[layer].shape[1]
-                ids = torch.full((len(rows), width, a), -1, dtype=torch.long)
+            for layer, first in rows[0].routing.items():
+                ids = torch.full((len(rows), width, first.shape[1]), -1, dtype=torch.long)
                 for k, r in enumerate(rows):
-                    fed = r.routing[layer]
-                    ids[k, : len(fed)] = fed.long()
+                    ids[k, : len(r.routing[layer])] = r.routing[layer].long()
                 routing[layer] = ids
-        return inputs, pos_BT, tok_BT, mask_BT, logp_infer_BT, routing
+        inputs = pack(docs, width, n_rows=len(rows), one_per_row=True).inputs
+        return LearnerBatch(inputs, pos_BT, tok_BT, routing)
 
-    def _logprobs(self, batch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, batch: LearnerBatch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs (with grad when enabled) and entropies of the response tokens."""
-        inputs, pos_BT, tok_BT, _, _, routing = batch
-        kwargs = {"routing_replay": routing} if routing is not None else {}
-        out = self.precision.compute(inputs, subnet=subnet, **kwargs)
-        rows = torch.arange(pos_BT.shape[0])[:, None]
-        logits_BTV = out.logits_BTV[rows, pos_BT].float() / self.cfg.rollout.temperature
+        kwargs = {"routing_replay": batch.routing} if batch.routing is not None else {}
+        out = self.precision.compute(batch.inputs, subnet=subnet, **kwargs)
+        rows = torch.arange(batch.pos_BT.shape[0])[:, None]
+        logits_BTV = out.logits_BTV[rows, batch.pos_BT].float() / self.cfg.rollout.temperature
         logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
-        logp_BT = logp_BTV.gather(-1, tok_BT[..., None]).squeeze(-1)
+        logp_BT = logp_BTV.gather(-1, batch.tok_BT[..., None]).squeeze(-1)
         ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
         return logp_BT, ent_BT.detach()
 
@@ -424,15 +431,24 @@ class RLTrainer:
             key = subnet_key(dims)
             parts[key].append(k)
             subnets[key], dims_of[key] = sub, dims
+        # One learner batch per (minibatch, sub-model): it gives the log-probs at the rollout weights
+        # first, then the gradient of its optimizer step.
+        n_mb = min(obj.minibatches, len(rows))
+        chunks = []  # (minibatch, sub-model key, row indices, batch)
+        for mb in range(n_mb):
+            for key, idx in parts.items():
+                rows_idx = [k for k in idx if k % n_mb == mb]
+                if rows_idx:
+                    batch = self._learner_batch([rows[k] for k in rows_idx], obj.routing_replay)
+                    chunks.append((mb, key, rows_idx, batch))
         n_max = max(len(r.tokens) for r in rows)
         logp_old = torch.zeros(len(rows), n_max)
         ent = torch.zeros(len(rows), n_max)
-        for key, idx in parts.items():
-            b = self._learner_batch([rows[k] for k in idx], obj.routing_replay)
+        for _, key, rows_idx, batch in chunks:
             with torch.no_grad():
-                lp, en = self._logprobs(b, subnets[key])
-            logp_old[idx, : lp.shape[1]] = lp.float()
-            ent[idx, : en.shape[1]] = en.float()
+                lp, en = self._logprobs(batch, subnets[key])
+            logp_old[rows_idx, : lp.shape[1]] = lp.float()
+            ent[rows_idx, : en.shape[1]] = en.float()
         mask = torch.zeros(len(rows), n_max, dtype=torch.bool)
         logp_infer = torch.zeros(len(rows), n_max)
         for k, r in enumerate(rows):
@@ -454,22 +470,14 @@ class RLTrainer:
         if obj.wpsm:
             masked_B = wpsm_mask(ema, local, reward_B, ent_B, obj.wpsm_threshold, obj.wpsm_quantile)
         weight_B = (1.0 - obj.wpsm_alpha * masked_B.float()) * keep_B.float()
-        # Optimizer steps over minibatches of rows.
-        order = list(range(len(rows)))
-        n_mb = min(obj.minibatches, len(rows))
+        # Optimizer steps over the minibatches (rows k with k % n_mb == mb).
         stats_acc: dict[str, list[float]] = defaultdict(list)
         grad_norms = []
         t0 = time.perf_counter()
         for mb in range(n_mb):
-            chosen = set(order[mb::n_mb])
-            total = len(chosen)
-            for key, idx in parts.items():
-                sel = [j for j, k in enumerate(idx) if k in chosen]
-                if not sel:
-                    continue
-                rows_idx = [idx[j] for j in sel]
-                b = self._learner_batch([rows[k] for k in rows_idx], obj.routing_replay)
-                lp_new, _ = self._logprobs(b, subnets[key])
+            total = len(range(mb, len(rows), n_mb))
+            for _, key, rows_idx, batch in (c for c in chunks if c[0] == mb):
+                lp_new, _ = self._logprobs(batch, subnets[key])
                 w = lp_new.shape[1]
                 loss, st = self._loss(
                     lp_new.float(),
