@@ -146,6 +146,8 @@ class TaskVerifier:
         self._fewshot = evaluated[0].fewshot if evaluated else ""
         """The harness's few-shot prefix (babi_qa1's solved train stories): RL asks in the same context."""
         self._pool: list | None = None
+        self._pool_index: dict[str, int] = {}
+        """Query id -> pool position, for the math tasks' worked solutions."""
 
     @staticmethod
     def _key(ex: Example) -> str:
@@ -252,6 +254,7 @@ class TaskVerifier:
                 self._pool = read_babi_qa1(self.data_dir, "train")
             elif self.name == "gsm8k":
                 self._pool = read_gsm8k(self.data_dir, "train")
+                self._pool_index = {f"rl-{it.id}": i for i, it in enumerate(self._pool)}
             else:
                 self._pool = read_svamp(self.data_dir, "train")
         return self._pool
@@ -273,7 +276,7 @@ class TaskVerifier:
         if isinstance(task, MathWordTask):
             hint = " " + ex.target
             if self.name == "gsm8k":
-                item = next(it for it in self._train_pool() if f"rl-{it.id}" == ex.id)
+                item = self._train_pool()[self._pool_index[ex.id]]
                 hint = f" {strip_calculator_annotations(item.solution)}\n#### {item.answer}"
             return Query(
                 self.name, ex.id, ex.prompt, self.modality, task.options.max_new_tokens, MATH_STOP, hint, ex

@@ -500,35 +500,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
 
-    sf = sub.add_parser("sft", help="supervised fine-tuning of a checkpoint (loss on answers only)")
-    sf.add_argument("--checkpoint", required=True, help="checkpoint folder, run folder or `reference`")
-    sf.add_argument("--out", required=True, help="run folder to create (or continue with --resume)")
-    sf.add_argument("--config", default=None, help="YAML file of overrides of the sft preset")
-    sf.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
-    )
-    sf.add_argument(
-        "--resume", action="store_true", help="continue from the run folder's newest complete checkpoint"
-    )
-    sf.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
-    sf.add_argument("--quiet", action="store_true", help="no progress bar")
-    sf.set_defaults(fn=cmd_sft)
-
-    rp = sub.add_parser(
-        "rl", help="RL from a checkpoint: harness tasks as verifiers, MISC/WPSM/AHRL, U-RB/APRIL/sync"
-    )
-    rp.add_argument("--checkpoint", required=True, help="checkpoint folder, run folder or `reference`")
-    rp.add_argument("--out", required=True, help="run folder to create (or continue with --resume)")
-    rp.add_argument("--config", default=None, help="YAML file of overrides of the RL defaults")
-    rp.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
-    )
-    rp.add_argument(
-        "--resume", action="store_true", help="continue from the run folder's newest complete checkpoint"
-    )
-    rp.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
-    rp.add_argument("--quiet", action="store_true", help="no progress bar")
-    rp.set_defaults(fn=cmd_rl)
+    for name, fn, what, defaults in (
+        ("sft", cmd_sft, "supervised fine-tuning of a checkpoint (loss on answers only)", "the sft preset"),
+        ("rl", cmd_rl, "RL from a checkpoint: harness tasks as verifiers, MISC/WPSM/AHRL, U-RB/APRIL/sync",
+         "the RL defaults"),
+    ):  # fmt: skip
+        pt = sub.add_parser(name, help=what)
+        pt.add_argument("--checkpoint", required=True, help="checkpoint folder, run folder or `reference`")
+        pt.add_argument("--out", required=True, help="run folder to create (or continue with --resume)")
+        pt.add_argument("--config", default=None, help=f"YAML file of overrides of {defaults}")
+        pt.add_argument(
+            "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
+        )
+        pt.add_argument(
+            "--resume", action="store_true", help="continue from the run folder's newest complete checkpoint"
+        )
+        pt.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+        pt.add_argument("--quiet", action="store_true", help="no progress bar")
+        pt.set_defaults(fn=fn)
 
     rs = sub.add_parser("rl-study", help="an RL ablation (objective, ahrl, scheduler): its arms and report")
     rs.add_argument("study", choices=["objective", "ahrl", "scheduler"])

@@ -64,7 +64,7 @@ from ernie5.store.checkpoint import (
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
 from ernie5.subnets.params import ParamReport, count_params
 from ernie5.tokenizers.text import TextTokenizer
-from train.config import RunConfig
+from train.config import OptimConfig, RunConfig
 from train.data import MixtureStream, open_sources, tokenizer_corpus
 from train.elastic import sample_subnet
 from train.precision import MixedPrecision
@@ -90,6 +90,13 @@ def _param_groups(model: Ernie5Model, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and "router" not in name else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: Ernie5Model, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over the model's parameters, matrices decayed and the rest not (``_param_groups``)."""
+    return torch.optim.AdamW(
+        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=cfg.fused
+    )
 
 
 def _train_flops(rep: ParamReport, mtp_ran: bool, mtp_trained: bool) -> float:
@@ -178,13 +185,7 @@ class Trainer:
             torch.manual_seed(cfg.train.seed)
             self.model = Ernie5Model(cfg.model)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            _param_groups(self.model, cfg.optim.weight_decay),
-            lr=cfg.optim.lr,
-            betas=cfg.optim.betas,
-            eps=cfg.optim.eps,
-            fused=cfg.optim.fused,
-        )
+        self.optimizer = make_optimizer(self.model, cfg.optim)
         self.balance_ema: dict[str, float] = {}
         if self.resume_dir is not None:
             _, state = load_train_state(self.resume_dir, optimizer=self.optimizer)

@@ -72,7 +72,7 @@ from ernie5.store.checkpoint import (
 )
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
 from train.elastic import sample_subnet
-from train.loop import CKPT_DIR, RunError, _first_difference, _param_groups, checkpoint_dirs
+from train.loop import CKPT_DIR, RunError, _first_difference, checkpoint_dirs, make_optimizer
 from train.precision import MixedPrecision
 from train.rl_buffer import BatchStats, ReplayBuffer, Rollout
 from train.rl_config import RLRunConfig
@@ -200,13 +200,7 @@ class RLTrainer:
                 raise RunError(f"rl task {task} asks about audio; {source} has no audio codec or module")
         self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            _param_groups(self.model, cfg.optim.weight_decay),
-            lr=cfg.optim.lr,
-            betas=cfg.optim.betas,
-            eps=cfg.optim.eps,
-            fused=cfg.optim.fused,
-        )
+        self.optimizer = make_optimizer(self.model, cfg.optim)
         ro = cfg.rollout
         self.buffer = ReplayBuffer(
             ro.scheduler,

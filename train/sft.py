@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ernie5.config import ConfigError, apply_overrides, from_dict, read_yaml, to_dict
+from ernie5.model.config import ModelConfig
 from ernie5.presets import resolve_config_path
-from ernie5.store.checkpoint import load_checkpoint, resolve_checkpoint
+from ernie5.store.checkpoint import resolve_checkpoint
 from train.config import RunConfig
 from train.loop import pretrain
 
@@ -51,7 +52,7 @@ def sft_config(
         ConfigError: a bad ``config`` file or override (``model.*`` included).
     """
     path = resolve_checkpoint(checkpoint).resolve()
-    model = load_checkpoint(path, fast=False).cfg
+    model = from_dict(ModelConfig, read_yaml(path / "config.yaml"))  # the run loads the weights
     user = read_yaml(config) if config is not None else {}
     _reject_model_keys(user, overrides)
     data = _merge_sections(read_yaml(resolve_config_path(PRESET)), user, str(config))
