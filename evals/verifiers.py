@@ -61,11 +61,10 @@ from evals.tasks.procedural import ProceduralTask
 from evals.tasks.vision import (
     IMAGE_SIZE,
     DigitVQA,
-    MediaExample,
     VideoDigits,
     VideoShapes,
-    _question,
     _ShapesVQA,
+    choice_example,
 )
 
 MC_MAX_NEW_TOKENS = 8
@@ -100,18 +99,6 @@ class VerifierError(ValueError):
 
 def _media_key(prompt: str, media) -> str:
     return hashlib.sha256(prompt.encode() + memoryview(media).tobytes()).hexdigest()
-
-
-def _clip_example(index: int, clip, question: str, choices, answer: str) -> MediaExample:
-    choices = tuple(choices)
-    return MediaExample(
-        id=f"rl-{index}",
-        prompt=_question(question),
-        target=answer,
-        choices=choices,
-        gold=choices.index(answer),
-        media=clip,
-    )
 
 
 class TaskVerifier:
@@ -178,14 +165,8 @@ class TaskVerifier:
                 if qas:
                     break
             qa = qas[0]
-            return MediaExample(
-                id=f"rl-{index}",
-                prompt=_question(qa.question),
-                target=qa.answer,
-                choices=qa.choices,
-                gold=qa.choices.index(qa.answer),
-                media=shapes.render(scene, IMAGE_SIZE),
-            )
+            media = shapes.render(scene, IMAGE_SIZE)
+            return choice_example(f"rl-{index}", media, qa.question, qa.choices, qa.answer)
         if isinstance(task, VideoShapes):
             shape = shapes.random_scene(rng, n_shapes=1).shapes[0]
             direction = rng.choice(DIRECTIONS)
@@ -197,8 +178,8 @@ class TaskVerifier:
                 size=IMAGE_SIZE,
             )
             if rng.random() < 0.5:
-                return _clip_example(index, clip, MOTION_QUESTION, DIRECTIONS, direction)
-            return _clip_example(index, clip, SHAPE_MOTION_QUESTION, shapes.KINDS, shape.kind)
+                return choice_example(f"rl-{index}", clip, MOTION_QUESTION, DIRECTIONS, direction)
+            return choice_example(f"rl-{index}", clip, SHAPE_MOTION_QUESTION, shapes.KINDS, shape.kind)
         pool = self._train_pool()
         item = pool[rng.randrange(len(pool))]
         if isinstance(task, AsrFsdd):
@@ -220,19 +201,14 @@ class TaskVerifier:
                 size=IMAGE_SIZE,
             )
             if rng.random() < 0.5:
-                return _clip_example(index, clip, MOTION_QUESTION, DIRECTIONS, direction)
-            return _clip_example(
-                index, clip, DIGIT_MOTION_QUESTION, tuple(str(d) for d in range(10)), str(int(label))
-            )
+                return choice_example(f"rl-{index}", clip, MOTION_QUESTION, DIRECTIONS, direction)
+            digits = tuple(str(d) for d in range(10))
+            return choice_example(f"rl-{index}", clip, DIGIT_MOTION_QUESTION, digits, str(int(label)))
         if isinstance(task, DigitVQA):
             image, label = item
-            return MediaExample(
-                id=f"rl-{index}",
-                prompt=_question(DIGIT_QUESTION),
-                target=str(int(label)),
-                choices=tuple(str(d) for d in range(10)),
-                gold=int(label),
-                media=digit_image(image, IMAGE_SIZE),
+            digits = tuple(str(d) for d in range(10))
+            return choice_example(
+                f"rl-{index}", digit_image(image, IMAGE_SIZE), DIGIT_QUESTION, digits, str(int(label))
             )
         if isinstance(task, BabiQA1):
             return Example(

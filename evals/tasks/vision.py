@@ -111,6 +111,20 @@ def _question(q: str) -> str:
     return f"Question: {q}\nAnswer:"
 
 
+def choice_example(example_id: str, media: Any, question: str, choices, answer: str) -> MediaExample:
+    """A multiple-choice question about ``media`` in the tasks' prompt format (the evaluated items and
+    the RL verifiers' training queries are built alike)."""
+    choices = tuple(choices)
+    return MediaExample(
+        id=example_id,
+        prompt=_question(question),
+        target=answer,
+        choices=choices,
+        gold=choices.index(answer),
+        media=media,
+    )
+
+
 @TASKS.register("digit_vqa")
 class DigitVQA(_ChoiceOverMedia):
     """Which digit is this? MNIST test split (1,996 images), 10-way choice."""
@@ -126,13 +140,8 @@ class DigitVQA(_ChoiceOverMedia):
         images, labels = mnist_split(data_dir, "test")
         choices = tuple(str(d) for d in range(10))
         return [
-            MediaExample(
-                id=f"mnist-test-{i}",
-                prompt=_question(DIGIT_QUESTION),
-                target=str(int(y)),
-                choices=choices,
-                gold=int(y),
-                media=digit_image(x, IMAGE_SIZE),
+            choice_example(
+                f"mnist-test-{i}", digit_image(x, IMAGE_SIZE), DIGIT_QUESTION, choices, str(int(y))
             )
             for i, (x, y) in enumerate(zip(images, labels))
         ]
@@ -154,16 +163,8 @@ class _ShapesVQA(_ChoiceOverMedia):
             if not qas:
                 continue
             qa = qas[0]
-            out.append(
-                MediaExample(
-                    id=f"{self.name}-{i}",
-                    prompt=_question(qa.question),
-                    target=qa.answer,
-                    choices=qa.choices,
-                    gold=qa.choices.index(qa.answer),
-                    media=shapes.render(scene, IMAGE_SIZE),
-                )
-            )
+            media = shapes.render(scene, IMAGE_SIZE)
+            out.append(choice_example(f"{self.name}-{i}", media, qa.question, qa.choices, qa.answer))
         return out
 
 
@@ -208,16 +209,7 @@ class VideoShapes(_ChoiceOverMedia):
                 q, choices, answer = MOTION_QUESTION, DIRECTIONS, direction
             else:
                 q, choices, answer = SHAPE_MOTION_QUESTION, shapes.KINDS, shape.kind
-            out.append(
-                MediaExample(
-                    id=f"{self.name}-{i}",
-                    prompt=_question(q),
-                    target=answer,
-                    choices=tuple(choices),
-                    gold=tuple(choices).index(answer),
-                    media=clip,
-                )
-            )
+            out.append(choice_example(f"{self.name}-{i}", clip, q, choices, answer))
         return out
 
 
@@ -250,16 +242,7 @@ class VideoDigits(_ChoiceOverMedia):
                     tuple(str(d) for d in range(10)),
                     str(int(labels[i])),
                 )
-            out.append(
-                MediaExample(
-                    id=f"{self.name}-{i}",
-                    prompt=_question(q),
-                    target=answer,
-                    choices=tuple(choices),
-                    gold=tuple(choices).index(answer),
-                    media=clip,
-                )
-            )
+            out.append(choice_example(f"{self.name}-{i}", clip, q, choices, answer))
         return out
 
 
