@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ernie5.store.runs import read_jsonl
 from reports.rl import write_section
 from train.loop import RunError, checkpoint_dirs
 from train.rl import rl, rl_config
@@ -65,8 +66,7 @@ def _finished(run_dir: Path, steps: int, needs_pass: bool) -> bool:
         return False
     if not needs_pass:
         return True
-    metrics = run_dir / "metrics.jsonl"
-    return metrics.is_file() and '"pass_final"' in metrics.read_text(encoding="utf-8")
+    return any(r.get("event") == "pass_final" for r in read_jsonl(run_dir / "metrics.jsonl"))
 
 
 def run_study(

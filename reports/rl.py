@@ -20,6 +20,8 @@ from pathlib import Path
 
 import matplotlib
 
+from ernie5.store.runs import read_jsonl
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -49,8 +51,7 @@ def read_metrics(run: Path) -> tuple[list[dict], dict[str, dict]]:
     path = Path(run) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run}: no metrics.jsonl (not an RL run folder)")
-    for line in path.read_text(encoding="utf-8").splitlines():
-        rec = json.loads(line)
+    for rec in read_jsonl(path):  # a line torn by a killed run is skipped
         if "event" in rec:
             events[rec["event"]] = rec
         else:
@@ -80,13 +81,16 @@ def summarize(run: Path) -> dict:
         "entropy_last": _mean(col("entropy", last)),
         "entropy_min": min(col("entropy", steps)),
         "trained_len": _mean(col("response_len", steps)),
-        "idle_s": _mean(col("idle_s", steps)),
-        "slot_utilisation": _mean(col("slot_utilisation", steps)),
-        "mismatch_masked_frac": _mean(col("mismatch_masked_frac", steps)),
-        "wpsm_masked_frac": _mean(col("wpsm_masked_frac", steps)),
-        "clip_frac": _mean(col("clip_frac", steps)),
-        "staleness": _mean(col("staleness", steps)),
     }
+    for key in (
+        "idle_s",
+        "slot_utilisation",
+        "mismatch_masked_frac",
+        "wpsm_masked_frac",
+        "clip_frac",
+        "staleness",
+    ):
+        row[key] = _mean(col(key, steps))
     counts: dict[str, int] = {}
     for r in steps:
         for task, n in r.get("rows_by_task", {}).items():
