@@ -333,33 +333,26 @@ class Ernie5EvalModel:
         """BOS, then the context's text and media parts as segments of one document
         (:func:`ernie5.sequence.context.context_document`)."""
         try:
-            return context_document(context, self.tokenizer, **self._media_models(context))
+            return context_document(context, self.tokenizer, **self._media_models())
         except ContextError as e:
-            raise EvalInputError(str(e)) from None
+            raise EvalInputError(f"{self.ckpt.path}: {e}") from None
 
     def _media_segments(self, part: MediaPart) -> list:
         try:
-            return media_segments(part, **self._media_models((part,)))
+            return media_segments(part, **self._media_models())
         except ContextError as e:
-            raise EvalInputError(str(e)) from None
+            raise EvalInputError(f"{self.ckpt.path}: {e}") from None
 
-    def _media_models(self, context: Context) -> dict:
-        """The media models the context's parts need, with a one-line error for a missing one."""
-        parts = [p for p in ((context,) if isinstance(context, str) else context) if isinstance(p, MediaPart)]
-        models: dict = {}
-        if any(p.modality == "audio" for p in parts):
-            models["audio_codec"] = self._require_audio()
-        for p in parts:
-            if p.modality not in ("image", "video", "audio"):
-                raise EvalInputError(f"this checkpoint cannot read {p.modality} inputs")
-            if p.modality != "audio":
-                if self.ckpt.vision_tokenizer is None or self.model.vision is None:
-                    raise EvalInputError(
-                        f"{self.ckpt.path}: cannot read {p.modality} inputs "
-                        "(no vision tokenizer or vision module)"
-                    )
-                models.update(vision_tokenizer=self.ckpt.vision_tokenizer, vision_cfg=self.ckpt.cfg.vision)
-        return models
+    def _media_models(self) -> dict:
+        """The checkpoint's media readers (None where the model lacks the module: the context layout
+        then names what is missing)."""
+        vision = self.ckpt.vision_tokenizer is not None and self.model.vision is not None
+        audio = self.ckpt.audio_codec is not None and self.model.audio is not None
+        return {
+            "vision_tokenizer": self.ckpt.vision_tokenizer if vision else None,
+            "vision_cfg": self.ckpt.cfg.vision,
+            "audio_codec": self.ckpt.audio_codec if audio else None,
+        }
 
     def _media_loglikelihood(
         self, requests: list[LoglikelihoodRequest], tally: _Tally
