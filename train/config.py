@@ -135,6 +135,34 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    """How a run started on several processes (``accelerate launch`` / ``torchrun``) spreads over them
+    (``train.parallel``; :mod:`train.parallel`). One process ignores everything here but the memory
+    switches and ``subnet_group``."""
+
+    dp_shard: int = -1
+    """Processes over which FSDP2 shards the parameters, gradients and optimizer state; the world size
+    divided by it replicates them (HSDP). -1: all processes (plain FSDP); 1: replicate (DDP-like)."""
+    ep: int = 1
+    """Expert-parallel degree: each MoE layer's routed experts are split over groups of ``ep``
+    processes (each owns ``n_experts / ep`` of them); tokens reach their experts by all-to-all."""
+    subnet_group: int = 0
+    """Consecutive global micro-batches that share one sampled elastic sub-model (0: the world size,
+    so the micro-batches that run at the same time on every process share theirs). Must be a
+    multiple of the world size."""
+    activation_checkpoint: bool = False
+    """Recompute each backbone block's activations in the backward instead of keeping them."""
+    activation_offload: bool = False
+    """Keep saved activations in host memory (``torch.autograd.graph.save_on_cpu``): frees device
+    memory on GPU, changes nothing on CPU."""
+
+    def __post_init__(self) -> None:
+        check(self.dp_shard == -1 or self.dp_shard >= 1, f"dp_shard={self.dp_shard} must be -1 or >= 1")
+        check(self.ep >= 1, f"ep={self.ep} must be >= 1")
+        check(self.subnet_group >= 0, f"subnet_group={self.subnet_group} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     """The loop."""
 
@@ -180,6 +208,11 @@ class TrainConfig:
     """A checkpoint (or run folder: its newest) whose weights, text tokenizer and frozen media
     models start this run: continued pretraining on another mixture, later SFT. The optimizer, the
     schedule and the step count start fresh; its model config must equal ``model``."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: ``auto`` = CUDA when a GPU is visible, else CPU. Under several processes on
+    CUDA each process takes the GPU of its local rank."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Sharding, expert parallelism and memory switches (:class:`ParallelConfig`)."""
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, f"steps={self.steps} must be >= 1")

@@ -27,11 +27,18 @@ per extension, kept across later resumes) and as a note in ``metrics.jsonl``
 (``{"step": at_step, "event": "extended", "from_steps": ..., "to_steps": ...}``; records with an
 ``event`` key are notes, not measurements), and ``config.yaml`` then holds the new ``train.steps``.
 
-Data parallel: under ``accelerate launch --multi_gpu --num_processes N`` (torchrun; on a CPU-only
-machine the processes form a gloo group), micro-batch ``a`` of process ``r`` is global micro-batch
-``a * N + r``, with its own data and sub-model, so N processes reproduce one process accumulating
-N times as many micro-batches. Gradients are averaged with one all-reduce of a flat buffer, which
-also covers parameters a sub-model did not use (their gradient is zero).
+Several processes: under ``accelerate launch --multi_gpu --num_processes N`` or ``torchrun``
+(gloo on a CPU-only machine, NCCL on GPUs), the model is spread over the processes by
+:func:`train.parallel.shard.parallelize` (FSDP2 over a device mesh, expert parallelism with
+``train.parallel.ep``), with fp32 sharded master weights and, for ``train.dtype: bf16``, bf16
+compute. Micro-batch ``a`` of process ``r`` is global micro-batch ``g = a * N + r``, with its own
+data; FSDP2 averages the gradients over the processes, so N processes compute the update of one
+process accumulating N times as many micro-batches. The elastic sub-model of global micro-batch
+``g`` is sampled from ``(seed, step, g // train.parallel.subnet_group)`` (group 0 = N): the
+micro-batches that run at the same time share one sub-model, so every process runs the same
+layers and joins the same collectives; one process with ``subnet_group: N`` and ``N * A``
+micro-batches reproduces the run. Checkpoints of such a run are sharded
+(:mod:`train.parallel.checkpoint`) and resume at any world size, one process included.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import json
 import math
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,7 +60,7 @@ from ernie5.fast import apply_fast_paths
 from ernie5.model.inputs import IGNORE, Targets
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE, update_router_bias
-from ernie5.runtime.distributed import init_dist
+from ernie5.runtime.distributed import init_dist, pick_device
 from ernie5.sequence.segments import MODALITIES
 from ernie5.store.checkpoint import (
     CheckpointError,
@@ -67,6 +75,8 @@ from ernie5.tokenizers.text import TextTokenizer
 from train.config import OptimConfig, RunConfig
 from train.data import MixtureStream, open_sources, tokenizer_corpus
 from train.elastic import sample_subnet
+from train.parallel import checkpoint as parallel_ckpt
+from train.parallel.shard import make_sharded_optimizer, parallelize
 from train.precision import MixedPrecision
 from train.schedule import lr_at, staged
 
@@ -148,11 +158,26 @@ class Trainer:
             except ConfigError as e:
                 raise RunError(f"{cfg_path}: {e}") from None
             old_steps, steps = stored.train.steps, self.cfg.train.steps
-            same_steps = replace(stored, train=replace(stored.train, steps=steps))
+            # How the run is spread (processes, micro-batches per process, sharding, expert split,
+            # memory switches, device) may change at a resume; what it computes may not.
+            t = self.cfg.train
+            same_steps = replace(
+                stored,
+                train=replace(
+                    stored.train, steps=steps, parallel=t.parallel, device=t.device, grad_accum=t.grad_accum
+                ),
+            )
             if to_dict(same_steps) != to_dict(self.cfg):
                 diff = _first_difference(to_dict(same_steps), to_dict(self.cfg))
                 raise RunError(
                     f"--resume with a different config than {cfg_path} ({diff}); only train.steps may grow"
+                )
+            old_world = _stored_world(run_dir)
+            if t.grad_accum * self.dist.world != stored.train.grad_accum * old_world:
+                raise RunError(
+                    f"--resume with train.grad_accum={t.grad_accum} x {self.dist.world} process(es): the "
+                    f"run's global batch is {stored.train.grad_accum} x {old_world} micro-batches; "
+                    "keep the product"
                 )
             if steps < old_steps:
                 raise RunError(
@@ -185,10 +210,41 @@ class Trainer:
             torch.manual_seed(cfg.train.seed)
             self.model = Ernie5Model(cfg.model)
         self.model.train()
-        self.optimizer = make_optimizer(self.model, cfg.optim)
+        self.device = pick_device(cfg.train.device)
+        self.model.to(self.device)
         self.balance_ema: dict[str, float] = {}
-        if self.resume_dir is not None:
-            _, state = load_train_state(self.resume_dir, optimizer=self.optimizer)
+        dcp_dir = self.resume_dir / parallel_ckpt.DCP_DIR if self.resume_dir is not None else None
+        pcfg = cfg.train.parallel
+        self.par = None
+        if self.dist.world > 1:
+            if self.resume_dir is not None and not dcp_dir.is_dir():
+                raise RunError(
+                    f"--resume of {self.resume_dir} with {self.dist.world} processes: it was written by one "
+                    "process (no sharded train state); resume it with one process"
+                )
+            apply_fast_paths(self.model)
+            bf16 = cfg.train.dtype == "bf16"
+            self.par = parallelize(
+                self.model,
+                pcfg,
+                rank=self.dist.rank,
+                world=self.dist.world,
+                device=self.device.type,
+                param_dtype=torch.bfloat16 if bf16 else None,
+            )
+            self.compute = self.model
+            self.bf16 = bf16
+            self.optimizer = make_sharded_optimizer(self.model, cfg.optim)
+        else:
+            self.optimizer = make_optimizer(self.model, cfg.optim)
+            if self.resume_dir is not None and not dcp_dir.is_dir():
+                _, state = load_train_state(self.resume_dir, optimizer=self.optimizer)
+                self.start_step = int(state["step"])
+                self.balance_ema = dict(state.get("balance_ema", {}))
+        if dcp_dir is not None and dcp_dir.is_dir():
+            expert_mesh = self.par.meshes.experts if self.par is not None else None
+            parallel_ckpt.load_train_state(dcp_dir, self.model, self.optimizer, expert_mesh)
+            state = json.loads((self.resume_dir / "meta.json").read_text(encoding="utf-8"))["train_state"]
             self.start_step = int(state["step"])
             self.balance_ema = dict(state.get("balance_ema", {}))
         self.stream = MixtureStream(
@@ -201,10 +257,24 @@ class Trainer:
             self.audio_codec,
         )
         self.moe_layers = {i: b.ffn for i, b in enumerate(self.model.layers) if isinstance(b.ffn, MoE)}
-        self.precision = MixedPrecision(self.model, cfg.train.dtype)
-        apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
+        if self.par is None:
+            self.precision = MixedPrecision(self.model, cfg.train.dtype)
+            apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
+            self.compute = self.precision.compute
+            self.bf16 = self.precision.bf16
+            if pcfg.activation_checkpoint:
+                from torch.distributed._composable import checkpoint
+
+                for block in self.compute.layers:
+                    checkpoint(block)
+        self.subnet_group = pcfg.subnet_group or self.dist.world
+        if self.subnet_group % self.dist.world:
+            raise RunError(
+                f"train.parallel.subnet_group={pcfg.subnet_group} is not a multiple of the world size "
+                f"{self.dist.world}: the processes would run different sub-models at the same time"
+            )
         self.peak = cfg.train.peak_flops or machine_peak(
-            torch.bfloat16 if self.precision.bf16 else torch.float32
+            torch.bfloat16 if self.bf16 else torch.float32, str(self.device)
         )
         if self.dist.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -346,14 +416,19 @@ class Trainer:
 
     def _micro_step(self, step: int, micro: int, weights: dict[str, float]) -> dict:
         cfg = self.cfg
-        # Global micro-batch index: W processes x A micro-batches see exactly the batches (and
-        # sub-models) that one process with W*A accumulation steps would.
+        # Global micro-batch index: W processes x A micro-batches see exactly the batches that one
+        # process with W*A accumulation steps would; concurrent ones share their sub-model.
         index = micro * self.dist.world + self.dist.rank
+        t0 = time.perf_counter()
         batch = self.stream.batch(step, index)
-        subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, index)
-        mod_w = torch.tensor([weights[m] for m in MODALITIES])[batch.modality.long()]
+        data_wait = time.perf_counter() - t0
+        if self.device.type != "cpu":
+            batch = batch.to(self.device)
+        subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, index // self.subnet_group)
+        mod_w = torch.tensor([weights[m] for m in MODALITIES], device=self.device)[batch.modality.long()]
         targets = Targets(batch.targets.ids_BT, batch.targets.weights_BT * mod_w)
-        out = self.precision.compute(batch.inputs, targets=targets, subnet=subnet, return_logits=False)
+        with self.par.forward_context() if self.par is not None else nullcontext():
+            out = self.compute(batch.inputs, targets=targets, subnet=subnet, return_logits=False)
         losses = out.losses
         mtp_w = staged(step, cfg.train.steps, cfg.train.mtp_weight, cfg.train.mtp_weight_final, cfg.train)
         mtp = torch.stack(losses.mtp).mean() if losses.mtp else None
@@ -366,8 +441,11 @@ class Trainer:
             total = total + cfg.train.vision_gen_weight * weights.get("vision_gen", 1.0) * losses.vision
         if losses.audio is not None:
             total = total + cfg.train.audio_gen_weight * weights.get("audio_gen", 1.0) * losses.audio
-        (total / cfg.train.grad_accum).backward()
-        self.precision.accumulate_grads(only_micro_batch=cfg.train.grad_accum == 1 and self.dist.world == 1)
+        if self.par is not None:
+            self.par.touch_root(total / cfg.train.grad_accum).backward()
+        else:
+            (total / cfg.train.grad_accum).backward()
+            self.precision.accumulate_grads(only_micro_batch=cfg.train.grad_accum == 1)
         with torch.no_grad():
             valid = batch.targets.ids_BT != IGNORE
             per_mod = {}
@@ -375,7 +453,7 @@ class Trainer:
                 sel = valid & (batch.modality == i)
                 if sel.any():
                     per_mod[m] = float(losses.nll_BT[sel].mean())
-        counts = {i: r.counts_E.detach() for i, r in out.routing.items()}
+        counts = {i: r.counts_E.detach().cpu() for i, r in out.routing.items()}
         avail = {}
         for i in self.moe_layers:
             mask = subnet.expert_mask(i, cfg.model.moe.n_experts, torch.device("cpu"))
@@ -396,16 +474,8 @@ class Trainer:
             "tokens": int(valid.sum()),
             "active": rep.active_params_no_embedding,
             "flops": _train_flops(rep, mtp is not None, mtp is not None and mtp_w > 0),
+            "data_wait_s": data_wait,
         }
-
-    def _allreduce_grads(self) -> None:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch._utils._flatten_dense_tensors(grads)
-        torch.distributed.all_reduce(flat)
-        flat /= self.dist.world  # each process already divided by its grad_accum
-        for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
-            p.grad = g
 
     def _gather_micros(self, micros: list[dict]) -> list[dict]:
         """Every process's micro-batch records, in global micro-batch order (for logging and the
@@ -448,6 +518,9 @@ class Trainer:
             update_router_bias(moe, counts, speed, avail)
 
     def _checkpoint(self, step: int) -> None:
+        if self.par is not None:
+            self._checkpoint_sharded(step)
+            return
         if not self.dist.main:
             return
         root = self.run_dir / CKPT_DIR
@@ -464,6 +537,44 @@ class Trainer:
             refiner=self.refiner,
             audio_codec=self.audio_codec,
         )
+        self._drop_old_checkpoints()
+
+    def _checkpoint_sharded(self, step: int) -> None:
+        """Every process writes its shards (``train.parallel.checkpoint``) into a hidden folder;
+        the main process then publishes the checkpoint with the consolidated weights, the shards
+        moved inside it, atomically."""
+        root = self.run_dir / CKPT_DIR
+        shards = root / f".step_{step:08d}.dcp-tmp"
+        if self.dist.main:
+            shutil.rmtree(shards, ignore_errors=True)
+        self._barrier()
+        mesh = self.par.meshes.experts
+        parallel_ckpt.save_train_state(shards, self.model, self.optimizer, mesh)
+        full = parallel_ckpt.full_model_state(self.model, mesh)
+        if self.dist.main:
+            plain = Ernie5Model(self.cfg.model)
+            plain.load_state_dict({k: v.to("cpu", torch.float32) for k, v in full.items()})
+            state = {"step": step, "balance_ema": self.balance_ema, "world_size": self.dist.world}
+            save_checkpoint(
+                root / f"step_{step:08d}",
+                plain,
+                tokenizer=self.tokenizer,
+                meta={
+                    **provenance(self.cfg.train.seed),
+                    "step": step,
+                    "subnet": None,
+                    "run": str(self.run_dir),
+                    "train_state": state,
+                },
+                vision_tokenizer=self.vision_tokenizer,
+                refiner=self.refiner,
+                audio_codec=self.audio_codec,
+                extra_dirs={parallel_ckpt.DCP_DIR: shards},
+            )
+            self._drop_old_checkpoints()
+        self._barrier()
+
+    def _drop_old_checkpoints(self) -> None:
         for old in checkpoint_dirs(self.run_dir)[: -self.cfg.train.keep_ckpts]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -479,6 +590,7 @@ class Trainer:
             from tqdm import tqdm
 
             bar = tqdm(total=steps, initial=self.start_step, desc="train", unit="step", dynamic_ncols=True)
+        self._steps_since_record = 0
         for step in range(self.start_step, steps):
             t0 = time.perf_counter()
             lr = lr_at(step, steps, cfg.optim.lr, cfg.schedule)
@@ -486,18 +598,23 @@ class Trainer:
                 g["lr"] = lr
             weights = self._modality_weights()
             micros = [self._micro_step(step, m, weights) for m in range(cfg.train.grad_accum)]
-            if self.dist.world > 1:
-                self._allreduce_grads()
+            if self.par is not None:
                 micros = self._gather_micros(micros)
-            grad_norm = self.precision.step(self.optimizer, cfg.optim.grad_clip)
+                grad_norm = self.par.finish_grads(cfg.optim.grad_clip)
+                self.optimizer.step()
+            else:
+                grad_norm = self.precision.step(self.optimizer, cfg.optim.grad_clip)
             self.optimizer.zero_grad(set_to_none=True)
             self._update_biases(step, micros)
-            self.precision.sync()
+            if self.par is None:
+                self.precision.sync()
             self._update_balance(micros)
             dt = time.perf_counter() - t0
             done = step + 1
+            self._steps_since_record += 1
             if done % cfg.train.log_every == 0 or done == steps:
                 last = self._record(done, lr, grad_norm, micros, dt)
+                self._steps_since_record = 0
                 if self.dist.main:
                     append_jsonl(self.run_dir / "metrics.jsonl", last)
             if done % cfg.train.ckpt_every == 0 or done == steps:
@@ -536,7 +653,13 @@ class Trainer:
             "mfu": 6 * active * tokens / dt / (self.peak * self.dist.world),
             "mfu_model_flops": flops * tokens / dt / (self.peak * self.dist.world),
             "subnets": [{**m["dims"], "loss": m["loss"]} for m in micros],
+            "data_wait_s": sum(m["data_wait_s"] for m in micros) / self.dist.world,
         }
+        if self.par is not None:
+            sent = torch.tensor([self.par.take_a2a_bytes()], dtype=torch.float64)
+            torch.distributed.all_reduce(sent)
+            rec["a2a_bytes_per_step"] = float(sent) / self._steps_since_record
+            rec["memory_per_process"] = self.par.memory(self.optimizer)
         mtps = [m["mtp"] for m in micros if m["mtp"] is not None]
         if mtps:
             rec["loss_mtp"] = sum(mtps) / len(mtps)
@@ -574,6 +697,14 @@ class Trainer:
             rec["routing_entropy"] = sum(ent) / len(ent)
             rec["routing_entropy_per_layer"] = ent
         return rec
+
+
+def _stored_world(run_dir: Path) -> int:
+    """The number of processes that wrote a run folder's newest start (``meta.json``), 1 if unknown."""
+    try:
+        return int(json.loads((run_dir / "meta.json").read_text(encoding="utf-8")).get("world_size", 1))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 1
 
 
 def _first_difference(a: dict, b: dict, prefix: str = "") -> str:

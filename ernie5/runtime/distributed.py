@@ -34,3 +34,15 @@ def init_dist() -> Dist:
 
     state = PartialState(backend=None if torch.cuda.is_available() else "gloo")
     return Dist(state.process_index, state.num_processes)
+
+
+def pick_device(name: str) -> torch.device:
+    """The device a process trains on: ``auto`` = CUDA when a GPU is visible (the GPU of the
+    process's ``LOCAL_RANK``), else CPU; ``cuda`` without a GPU is a ``ValueError``."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}, but no CUDA GPU is visible to this process")
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)

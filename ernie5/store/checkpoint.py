@@ -150,7 +150,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path / META_FILE}: unsupported format {got!r} (expected {FORMAT})")
     files = meta.get("files")
     if not isinstance(files, dict) or not all(
-        Path(k).name == k
+        _plain_relative(k)
         and isinstance(v, dict)
         and isinstance(v.get("sha256"), str)
         and isinstance(v.get("bytes"), int)
@@ -158,6 +158,13 @@ def _read_meta(path: Path) -> dict[str, Any]:
     ):
         raise CheckpointError(f"{path / META_FILE}: 'files' must map file names to {{sha256, bytes}}")
     return meta
+
+
+def _plain_relative(name: Any) -> bool:
+    """A manifest entry: a file name, or a relative path inside a stored folder (no ``..``)."""
+    if not isinstance(name, str) or not name or name.startswith("/"):
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def _check_files(path: Path, files: dict[str, dict[str, Any]], verify: bool) -> None:
@@ -353,6 +360,7 @@ def save_checkpoint(
     vision_tokenizer: Any = None,
     refiner: Any = None,
     audio_codec: Any = None,
+    extra_dirs: dict[str, Path] | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically (replacing ``path`` if it exists).
 
@@ -370,6 +378,9 @@ def save_checkpoint(
             ``refiner.safetensors`` + ``refiner.yaml``.
         audio_codec: the frozen ``AudioCodec`` of an audio model, stored as
             ``audio_codec.safetensors`` + ``audio_codec.yaml``.
+        extra_dirs: ``{name: folder}``: folders MOVED into the checkpoint as ``name`` (e.g. a
+            parallel run's sharded train state, ``train.parallel.checkpoint``), their files
+            covered by the manifest as ``name/<relative path>``.
 
     Returns:
         ``path``.
@@ -433,7 +444,17 @@ def save_checkpoint(
                 metadata={},
             )
             _write_bytes(tmp / AUDIO_CODEC_FILES[1], dump(audio_codec.cfg).encode())
-        files = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())}
+        for name, folder in (extra_dirs or {}).items():
+            if name in RESERVED_FILES or not name or name.startswith(".") or Path(name).name != name:
+                raise ValueError(
+                    f"extra folder name {name!r} must be a plain name, not one of {RESERVED_FILES}"
+                )
+            shutil.move(str(folder), str(tmp / name))
+        files = {
+            p.relative_to(tmp).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
         # meta.json last: its presence (with the manifest) is what makes a checkpoint complete.
         text = json.dumps({**meta, "format": FORMAT, "files": files}, indent=2, sort_keys=True)
         _write_bytes(tmp / META_FILE, text.encode())
