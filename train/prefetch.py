@@ -23,13 +23,16 @@ index)`` returns (every tensor equal). Steps:
 ``MixtureStream.batch`` per call, ``wait_s`` then being the whole build time.
 
 Workers die with the trainer: the loader's workers watch their parent process and exit when it is
-gone (checked every ``torch.utils.data._utils.MP_STATUS_CHECK_INTERVAL`` = 5 s, after the batch in
-hand), and ``close()`` (or leaving the ``with`` block) shuts them down at once.
+gone (at the latest ``torch.utils.data._utils.MP_STATUS_CHECK_INTERVAL`` = 5 s after the batch in
+hand; after ``kill -9`` of the trainer they were gone within 1 s), and ``close()`` (or leaving the
+``with`` block) shuts them down at once.
 
 ``make_stream`` under the default ``fork`` start method may be any callable (the worker gets a copy of
 the trainer's memory, e.g. ``lambda: trainer.stream``, without pickling); under ``spawn`` or
 ``forkserver`` it must pickle: :class:`StreamSpec` does (it opens the sources in the worker, as
-:class:`~train.data.OpenedSources` holds closures that do not pickle).
+:class:`~train.data.OpenedSources` holds closures that do not pickle). Forked workers must not use
+CUDA, and do not: the frozen tokenizer and codec of the stream stay on the CPU, and batches come back
+as CPU tensors for the trainer to move.
 
 References:
   * ERNIE 5.0 Technical Report (arXiv 2602.04705) §5.2: tokenizers disaggregated from the backbone,
@@ -213,6 +216,13 @@ class PrefetchStream:
             multiprocessing_context=mp_context,
         )
         self._iter = iter(loader)  # starts the workers; they begin building at once
+
+    @classmethod
+    def from_config(
+        cls, make_stream: Callable[[], MixtureStream], cfg: DataConfig, keys: Iterable[Key]
+    ) -> PrefetchStream:
+        """The stream ``data.workers`` and ``data.prefetch`` ask for (defaults 0 and 2)."""
+        return cls(make_stream, keys, getattr(cfg, "workers", 0), getattr(cfg, "prefetch", 2))
 
     # ------------------------------------------------------------------ use
     def batch(self, step: int, index: int = 0) -> Batch:

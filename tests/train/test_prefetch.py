@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -143,6 +144,17 @@ def test_prefetched_batches_equal_the_stream(parts, reference, workers):
             assert ps.wait_s >= 0
         assert ps.n_sync == 0
         assert ps.pop_wait_s() > 0 and ps.pop_wait_s() == 0
+
+
+def test_from_config_reads_workers_and_prefetch(parts, reference):
+    cfg = parts[0]
+    with PrefetchStream.from_config(lambda: _stream(parts), cfg.data, KEYS) as ps:
+        assert (ps.workers, ps.depth) == (getattr(cfg.data, "workers", 0), getattr(cfg.data, "prefetch", 2))
+    data = SimpleNamespace(workers=1, prefetch=3)
+    with PrefetchStream.from_config(lambda: _stream(parts), data, KEYS) as ps:
+        assert (ps.workers, ps.depth) == (1, 3)
+        _assert_same(ps.batch(*KEYS[0]), reference[KEYS[0]])
+        assert ps.n_sync == 0
 
 
 def test_a_key_out_of_order_is_built_synchronously(parts, reference):
