@@ -331,8 +331,8 @@ def cmd_bench(args) -> int:
         device = resolve_device(args.device)
     except ValueError as e:
         raise CLIError(str(e)) from None
-    if device.type != "cpu" and args.what == "train":
-        raise CLIError(f"--device {args.device!r}: `bench train` measures CPU MFU and runs on cpu only")
+    if args.activation_checkpoint and args.what != "train":
+        raise CLIError(f"--activation-checkpoint applies to `bench train`, not `bench {args.what}`")
     if args.what == "moe":
         from ernie5.bench.moe import bench_moe
 
@@ -349,7 +349,13 @@ def cmd_bench(args) -> int:
     else:
         from train.bench import bench_train
 
-        result = bench_train(repeats=args.repeats, peer=args.peer, grad_accum=args.grad_accum)
+        result = bench_train(
+            repeats=args.repeats,
+            peer=args.peer,
+            grad_accum=args.grad_accum,
+            device=str(device),
+            activation_checkpoint=args.activation_checkpoint,
+        )
     if args.json:
         _print_json(result)
     else:
@@ -613,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--tokens", type=int, default=2048, help="moe: tokens per forward")
     b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
-    b.add_argument("--device", default="cpu", help="moe, decode: cpu (default) or cuda[:N]")
+    b.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     b.add_argument(
         "--decoding",
         choices=["sampled", "greedy"],
@@ -630,6 +636,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="train: micro-batches (8 x 256 tokens each) per optimizer step (default 1, as perf-anchors.md)",
+    )
+    b.add_argument(
+        "--activation-checkpoint",
+        action="store_true",
+        help="train: recompute each block's activations in the backward; reports the saved activation memory",
     )
     b.set_defaults(fn=cmd_bench)
 

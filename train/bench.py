@@ -11,6 +11,12 @@ matmul FLOP/s measured in the same process before and after the timed steps, the
 ignored). ``mfu_model_flops`` credits everything the step computes, Megatron-LM's way
 (``ernie5.subnets.params``: ``train_flops_per_token``: the MTP module's projection, block and logits, and
 the causal attention cores); the peer, which has no MTP module, is compared on ``mfu``.
+
+``--device cuda``: the same step on the GPU (bf16 replica there, the ``grouped`` expert path),
+with ``peak`` the GPU's measured bf16 matmul FLOP/s, and the allocator's peak memory.
+``--activation-checkpoint``: each block recomputes its activations in the backward
+(``train.parallel.activation_checkpoint``); ``saved_activation_mb`` is what the forward keeps for
+the backward (every tensor autograd saves, counted once per storage), on any device.
 """
 
 from __future__ import annotations
@@ -98,6 +104,8 @@ def bench_train(
     peer: bool = False,
     grad_accum: int = 1,
     warmup: int = WARMUP_STEPS,
+    device: str = "cpu",
+    activation_checkpoint: bool = False,
 ) -> dict:
     """Median tokens/s of a full training step and the MFU it implies, after ``warmup`` steps.
 
@@ -111,10 +119,26 @@ def bench_train(
     cfg = from_dict(ModelConfig, read_yaml(resolve_config_path("nano"))["model"])
     tune_allocator()
     peak_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    peak_start = matmul_peak(peak_dtype)
+    dev = torch.device(device)
+    n = 8192 if dev.type == "cuda" else 2048
+    peak_start = matmul_peak(peak_dtype, n=n, device=dev)
     phases: dict[str, list[float]] = {}
-    seconds = _time_step(cfg, dtype, batch_size, seq_len, repeats, True, phases, grad_accum, warmup)
-    peak = max(peak_start, matmul_peak(peak_dtype))
+    memory: dict[str, float] = {}
+    seconds = _time_step(
+        cfg,
+        dtype,
+        batch_size,
+        seq_len,
+        repeats,
+        True,
+        phases,
+        grad_accum,
+        warmup,
+        dev,
+        activation_checkpoint,
+        memory,
+    )
+    peak = max(peak_start, matmul_peak(peak_dtype, n=n, device=dev))
     tokens = grad_accum * batch_size * seq_len
     rep = count_params(cfg, None, seq_len)
     active = rep.active_params_no_embedding
@@ -141,10 +165,12 @@ def bench_train(
         "mfu_ceiling_optimizer_only": flops_per_step / (phase_ms["optimizer"] / 1e3) / peak,
         # The step time 30% MFU would allow, to set against phase_ms.
         "step_ms_at_target": flops_per_step / (0.30 * peak) * 1e3,
-        "env": environment(),
+        "activation_checkpoint": activation_checkpoint,
+        **memory,
+        "env": environment(dev),
         "target": "mfu >= 0.30",
     }
-    if peer:
+    if peer and dev.type == "cpu":
         p = bench_peer_mixtral(repeats, batch_size, seq_len, grad_accum, warmup)
         result["peer"] = p
         bare = replace(cfg, mtp=replace(cfg.mtp, n_depth=0))
@@ -169,23 +195,35 @@ def _time_step(
     phases: dict[str, list[float]] | None = None,
     grad_accum: int = 1,
     warmup: int = WARMUP_STEPS,
+    device: torch.device | str = "cpu",
+    activation_checkpoint: bool = False,
+    memory: dict[str, float] | None = None,
 ) -> float:
     """Median seconds of one training step (``full_recipe``: MTP loss, clipping, bias update).
 
     ``phases``, if given, receives every step's seconds in ``forward``, ``backward`` (each summed
     over the step's ``grad_accum`` micro-batches) and ``optimizer`` (gradient accumulation into the
-    fp32 master, ``MixedPrecision.step``, bias update, buffer sync).
+    fp32 master, ``MixedPrecision.step``, bias update, buffer sync). ``memory``, if given, receives
+    ``saved_activation_mb`` (and ``peak_memory_mb`` on CUDA).
     """
     laps = phases if phases is not None else {}
+    dev = torch.device(device)
     torch.manual_seed(0)
-    model = Ernie5Model(cfg).train()
+    model = Ernie5Model(cfg).train().to(dev)
     mp = MixedPrecision(model, dtype)
     apply_fast_paths(mp.compute, grad_squares=mp.grad_squares)
+    if activation_checkpoint:
+        from torch.distributed._composable import checkpoint
+
+        for block in mp.compute.layers:
+            checkpoint(block)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    ids = torch.randint(16, cfg.vocab_size, (batch_size, seq_len + 1))
+    ids = torch.randint(16, cfg.vocab_size, (batch_size, seq_len + 1), device=dev)
     x, y = ids[:, :-1], ids[:, 1:]
     moes = [b.ffn for b in model.layers if isinstance(b.ffn, MoE)]
-    avail = torch.ones(cfg.moe.n_experts, dtype=torch.bool)
+    avail = torch.ones(cfg.moe.n_experts, dtype=torch.bool, device=dev)
+    if memory is not None:
+        memory["saved_activation_mb"] = _saved_activation_bytes(mp.compute, x, y) / 2**20
 
     def step():
         fwd = bwd = opt_s = 0.0
@@ -214,4 +252,27 @@ def _time_step(
         for name, dt in (("forward", fwd), ("backward", bwd), ("optimizer", opt_s)):
             laps.setdefault(name, []).append(dt)
 
-    return median_seconds(step, repeats, warmup=warmup)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    seconds = median_seconds(step, repeats, warmup=warmup, device=dev)
+    if memory is not None and dev.type == "cuda":
+        memory["peak_memory_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
+    return seconds
+
+
+def _saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes of the tensors autograd saves for the backward in one forward with targets (each
+    storage once; parameters, which are kept anyway, excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x, targets=y, return_logits=False)
+    del out
+    return sum(seen.values())

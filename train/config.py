@@ -213,6 +213,9 @@ class TrainConfig:
     CUDA each process takes the GPU of its local rank."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """Sharding, expert parallelism and memory switches (:class:`ParallelConfig`)."""
+    fp8: bool = False
+    """FP8 training of the blocks' dense projections (torchao; CUDA, compute capability >= 8.9:
+    :mod:`train.parallel.fp8`). A one-line error where it cannot run."""
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, f"steps={self.steps} must be >= 1")

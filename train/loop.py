@@ -223,6 +223,7 @@ class Trainer:
                     "process (no sharded train state); resume it with one process"
                 )
             apply_fast_paths(self.model)
+            self._apply_fp8(self.model)
             bf16 = cfg.train.dtype == "bf16"
             self.par = parallelize(
                 self.model,
@@ -260,6 +261,7 @@ class Trainer:
         if self.par is None:
             self.precision = MixedPrecision(self.model, cfg.train.dtype)
             apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
+            self._apply_fp8(self.precision.compute)
             self.compute = self.precision.compute
             self.bf16 = self.precision.bf16
             if pcfg.activation_checkpoint:
@@ -298,6 +300,16 @@ class Trainer:
             if self.extended_from is not None:
                 kept.append({"step": self.start_step, "event": "extended", **extensions[-1]})
             rewrite_jsonl(metrics, kept)
+
+    def _apply_fp8(self, model: Ernie5Model) -> None:
+        if not self.cfg.train.fp8:
+            return
+        from train.parallel.fp8 import FP8Error, apply_fp8
+
+        try:
+            apply_fp8(model, self.device)
+        except FP8Error as e:
+            raise RunError(str(e)) from None
 
     def _extensions(self) -> list[dict]:
         """``meta.json``'s record of the run's extensions: the earlier ones (those at or before the

@@ -77,6 +77,8 @@ def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
             *COMMON,
             "--set",
             "train.grad_accum=2",
+            "--set",
+            "train.parallel.subnet_group=2",  # the two processes' concurrent micro-batches share one
         ],
         env=_env(),
         capture_output=True,
@@ -86,7 +88,7 @@ def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = _losses(dp), _losses(single)
     assert len(a) == len(b) == 12
-    assert a == pytest.approx(b, rel=1e-4)  # gradient sums differ only in float summation order
+    assert a == pytest.approx(b, rel=1e-5)  # gradient sums differ only in float summation order
     recs = [json.loads(x) for x in (dp / "metrics.jsonl").read_text().splitlines()]
     assert len(recs[0]["subnets"]) == 2  # both processes' micro-batches are logged
 

@@ -226,3 +226,21 @@ def test_text_benchmark_train_splits_are_sources_in_the_harness_format(data_root
         doc = svamp(rng)
         assert doc.split("\n")[0][len("Question: ") :] not in svamp_test
         float(doc.split("Answer: ")[1].strip().replace(",", ""))
+
+
+def test_activation_checkpointing_recomputes_the_same_step(straight_run, tmp_path):
+    out = tmp_path / "ac"
+    pretrain(_cfg("train.parallel.activation_checkpoint=true"), out, quiet=True)
+    assert _losses(out) == _losses(straight_run)
+
+
+def test_resume_keeps_the_global_batch(straight_run, tmp_path):
+    """How a run is spread may change at a resume (processes, sharding, expert split, micro-batches
+    per process), as long as processes x micro-batches, the global batch, stays the same."""
+    other = tmp_path / "other"
+    shutil.copytree(straight_run, other)
+    with pytest.raises(RunError, match=r"train.grad_accum=2 x 1 process\(es\).*global batch is 1 x 1") as info:
+        pretrain(_cfg("train.grad_accum=2"), other, resume=True, quiet=True)
+    assert "\n" not in str(info.value)
+    pretrain(_cfg("train.parallel.ep=2", "train.parallel.dp_shard=1"), other, resume=True, quiet=True)
+    assert _losses(other) == _losses(straight_run)

@@ -19,6 +19,8 @@ References:
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -97,7 +99,8 @@ def save_train_state(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, expert_mesh=None
 ) -> None:
     """Every process writes its shards of the run's state into ``path`` (collective)."""
-    dcp.save(train_state(model, optimizer, expert_mesh), checkpoint_id=str(path))
+    with _quiet():
+        dcp.save(train_state(model, optimizer, expert_mesh), checkpoint_id=str(path), no_dist=_no_dist())
 
 
 def load_train_state(
@@ -106,7 +109,20 @@ def load_train_state(
     """Load ``path`` (written at any world size) into this process's shards of ``model`` and
     ``optimizer``, in place (collective when a process group is up)."""
     state = train_state(model, optimizer, expert_mesh)
-    dcp.load(state, checkpoint_id=str(path))
+    with _quiet():
+        dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
+
+
+@contextmanager
+def _quiet():
+    """DCP warns that it assumes one process whenever no process group is up: that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def _no_dist() -> bool:
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
 @torch.no_grad()

@@ -18,8 +18,9 @@ With ``W`` processes, ``S = train.parallel.dp_shard`` (-1: ``W``) and ``ep = tra
 
 Gradients come out as the average over all ``W`` processes' micro-batches: FSDP2's reduce-scatter
 / all-reduce divides by its mesh size, and the expert units, whose gradient already sums the
-expert-parallel group's tokens, get a further ``1 / ep`` (:meth:`Parallel.finish_grads`). So ``W`` processes with ``A`` micro-batches
-each compute the update of one process accumulating ``W * A`` (``train.loop``).
+expert-parallel group's tokens, get a further ``1 / ep`` (:meth:`Parallel.finish_grads`). So
+``W`` processes with ``A`` micro-batches each compute the update of one process accumulating
+``W * A`` (``train.loop``).
 
 References:
   * PyTorch FSDP2 (``fully_shard``, per-parameter DTensor sharding; Zhao et al. 2023, arXiv
