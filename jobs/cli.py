@@ -141,7 +141,7 @@ def cmd_train(args) -> int:
     _check_out(args.out)
     cfg = _load_run_config(args.config, args.set or [])
     last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
-    if last:
+    if last and int(os.environ.get("RANK", "0")) == 0:  # one summary for a multi-process run
         print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
     return 0
 

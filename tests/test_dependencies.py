@@ -58,9 +58,16 @@ def _module_distributions() -> dict[str, list[str]]:
     return packages_distributions()
 
 
+GPU_ONLY = {"torchao"}
+"""Optional GPU features whose packages a CPU machine does not install: imported only inside the
+function that needs them, declared in an extra under the same name."""
+
+
 @cache
 def _distribution(module: str) -> str:
     dists = _module_distributions().get(module)
+    if not dists and module in GPU_ONLY:
+        return _norm(module)
     assert dists, f"import {module}: no installed distribution provides it"
     return _norm(dists[0])
 

@@ -47,15 +47,10 @@ def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
     cmd = [
         str(accelerate),
         "launch",
-        "--multi_gpu",
+        "--config_file",  # the README's documented one-node config, on 2 CPU processes
+        str(Path(__file__).resolve().parents[2] / "launch" / "one_node.yaml"),
         "--num_processes",
         "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
         "-m",
         "jobs.cli",
         "train",
