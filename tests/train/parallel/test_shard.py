@@ -18,22 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli_env
-
-COMMON = [
-    "--config",
-    "micro",
-    "--quiet",
-    "--set",
-    "train.steps=12",
-    "--set",
-    "train.log_every=1",
-    "--set",
-    "train.ckpt_every=4",
-    "--set",
-    "data.tokenizer_chars=20000",
-    "--set",
-    "train.threads=1",
-]
+from tests.train.test_distributed import COMMON  # micro, 12 steps, checkpoints every 4
 
 
 def _torchrun(n: int) -> list[str]:
