@@ -217,11 +217,6 @@ class Trainer:
         pcfg = cfg.train.parallel
         self.par = None
         if self.dist.world > 1:
-            if self.resume_dir is not None and not dcp_dir.is_dir():
-                raise RunError(
-                    f"--resume of {self.resume_dir} with {self.dist.world} processes: it was written by one "
-                    "process (no sharded train state); resume it with one process"
-                )
             apply_fast_paths(self.model)
             self._apply_fp8(self.model)
             bf16 = cfg.train.dtype == "bf16"
@@ -236,6 +231,12 @@ class Trainer:
             self.compute = self.model
             self.bf16 = bf16
             self.optimizer = make_sharded_optimizer(self.model, cfg.optim)
+            if self.resume_dir is not None and not dcp_dir.is_dir():  # written by one process
+                full, state = self._one_process_optimizer_state()
+                mesh = self.par.meshes.experts
+                parallel_ckpt.load_full_optimizer_state(full, self.model, self.optimizer, mesh)
+                self.start_step = int(state["step"])
+                self.balance_ema = dict(state.get("balance_ema", {}))
         else:
             self.optimizer = make_optimizer(self.model, cfg.optim)
             if self.resume_dir is not None and not dcp_dir.is_dir():
@@ -300,6 +301,14 @@ class Trainer:
             if self.extended_from is not None:
                 kept.append({"step": self.start_step, "event": "extended", **extensions[-1]})
             rewrite_jsonl(metrics, kept)
+
+    def _one_process_optimizer_state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+        """A one-process checkpoint's AdamW state by parameter name, and its train state."""
+        plain = Ernie5Model(self.cfg.model)
+        optimizer = make_optimizer(plain, self.cfg.optim)
+        _, state = load_train_state(self.resume_dir, optimizer=optimizer)
+        full = {name: dict(optimizer.state[p]) for name, p in plain.named_parameters() if optimizer.state[p]}
+        return full, state
 
     def _apply_fp8(self, model: Ernie5Model) -> None:
         if not self.cfg.train.fp8:

@@ -12,6 +12,8 @@ already, and an expert-parallel slice (``<layer>.ffn.local.w13``, experts ``[fir
 of ``<layer>.ffn.w13``) is viewed as a DTensor of the full expert tensor on the 3-D expert mesh. So a
 run saved by N processes loads into M processes with any sharding and expert split, and into one
 process (plain tensors, no process group): DCP reads whatever slices each process's tensors cover.
+A one-process run's checkpoint (no shards) continues with several processes too: every process
+reads its full optimizer state and keeps its slices (:func:`load_full_optimizer_state`).
 
 References:
   * PyTorch Distributed Checkpoint (``torch.distributed.checkpoint``): load-time resharding.
@@ -26,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from train.parallel.expert import LocalExperts
 
@@ -123,6 +125,26 @@ def _quiet():
 
 def _no_dist() -> bool:
     return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+@torch.no_grad()
+def load_full_optimizer_state(
+    full: dict[str, dict[str, torch.Tensor]],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    expert_mesh=None,
+) -> None:
+    """Put a one-process AdamW state (``{param name: {exp_avg, exp_avg_sq, step}}``, full tensors,
+    present on every process) into this process's shards (each takes its own slice; no
+    communication)."""
+    for key, target in optimizer_state(model, optimizer, expert_mesh).items():
+        name, what = key.rsplit(".", 1)
+        src = full[name][what]
+        if isinstance(target, DTensor):
+            mine = distribute_tensor(src, target.device_mesh, target.placements, src_data_rank=None)
+            target.to_local().copy_(mine.to_local())
+        else:
+            target.copy_(src)
 
 
 @torch.no_grad()

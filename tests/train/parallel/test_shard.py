@@ -1,8 +1,8 @@
 """``parallelize`` end to end through ``ernie5 train`` under ``torchrun`` (gloo, CPU processes):
 FSDP2 alone, expert parallelism alone and both give the losses of one process accumulating the
 same global micro-batches (elastic sampling on), per-process memory shrinks as 1/N, all-to-all
-traffic is recorded, and sharded checkpoints resume at another world size (2 -> 1, 2 -> 4) and
-after ``kill -9`` at the same world size."""
+traffic is recorded, and checkpoints resume at another world size (sharded 2 -> 1 and 2 -> 4, a
+one-process run's 1 -> 2) and after ``kill -9`` at the same world size."""
 
 from __future__ import annotations
 
@@ -139,3 +139,13 @@ def test_kill_9_then_resume_at_the_same_world_size_matches_a_straight_run(tmp_pa
     proc.wait()
     _train(killed, 2, "train.parallel.ep=2", resume=True)
     assert _losses(killed) == _losses(straight)
+
+
+@pytest.mark.slow
+def test_a_one_process_run_continues_with_two(tmp_path, single):
+    run = tmp_path / "to2"
+    shutil.copytree(single[2], run)
+    shutil.rmtree(run / "checkpoints" / "step_00000012")  # resume from step 8: no shards there
+    assert not (run / "checkpoints" / "step_00000008" / "train_state.dcp").exists()
+    _train(run, 2, "train.grad_accum=1", "train.parallel.subnet_group=2", "train.parallel.ep=2", resume=True)
+    assert _losses(run) == pytest.approx(_losses(single[2]), rel=1e-5, abs=1e-6)
