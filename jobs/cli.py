@@ -207,6 +207,19 @@ def cmd_rl_study(args) -> int:
     return 0
 
 
+def cmd_study(args) -> int:
+    """``ernie5 study elastic``: the elastic-training study (its models, sweeps and report)."""
+    from jobs.elastic_study import load_study_config, run_study
+
+    _check_out(args.out)
+    cfg = load_study_config(args.config, args.set or [])
+    path = run_study(
+        cfg, args.out, data_dir=args.data_dir, resume=args.resume, quiet=args.quiet, argv=sys.argv
+    )
+    print(json.dumps({"report": str(path)}))
+    return 0
+
+
 def _train_component(args, config_cls, train_fn, **kwargs) -> int:
     """Shared body of the ``train-*`` commands: a new --out folder, a strict config, a JSON summary."""
     from ernie5.config import load
@@ -534,6 +547,16 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     rs.add_argument("--quiet", action="store_true", help="no progress bar")
     rs.set_defaults(fn=cmd_rl_study)
+
+    st = sub.add_parser("study", help="a study: elastic (elastic vs static, pruned and recovered models)")
+    st.add_argument("study", choices=["elastic"])
+    st.add_argument("--config", required=True, help="study preset (study_micro, study_small) or YAML file")
+    st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a study value (repeatable)")
+    st.add_argument("--out", required=True, help="study folder (rerun to continue a killed study)")
+    st.add_argument("--resume", action="store_true", help="continue into a folder that is not yet a study")
+    st.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    st.add_argument("--quiet", action="store_true", help="no progress bar")
+    st.set_defaults(fn=cmd_study)
 
     for name, fn, what in (
         (
