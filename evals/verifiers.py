@@ -18,11 +18,22 @@ The RL stage (``train.rl``) never imports the harness; the job that starts it (`
 * ``hint``: the reference response of the query (GSM8K's worked solution, otherwise the answer itself), the
   text AHRL takes its hint prefix from.
 
+Image generation (``t2i_shapes``): the query asks for an image (``Query.output == "image"``, with the
+task's own guidance scale); the RL stage samples it through NFSP (``train.rollout_image``) and hands the
+decoded image to :meth:`TaskVerifier.reward`, which scores it with the task's own judge
+(``ernie5.data.shapes.judge`` through :meth:`evals.task.Task.score`, judge version in the task). The
+reward is graded: the mean of the task's four metrics (``all_correct``, ``shape_acc``, ``colour_acc``,
+``position_acc``), so a scene that is nearly right scores above a wrong one; the harness's headline is
+``all_correct``. Training scenes are random scenes whose prompt is none of the first :data:`HELD_OUT`
+evaluated prompts; 1-shape scenes (162 distinct prompts, all of them among the evaluated
+ones) therefore never occur in training. ``t2i_digits`` has no verifier: its prompts are the ten strings
+``Draw the digit d.``, every one of them evaluated, so no training prompt could be held out.
+
 Supported tasks: the procedural families (``arith*``, ``copy_reverse``/``copy_l*``/``reverse_l*``,
-``sort*``), ``shapes_vqa_attr``, ``shapes_vqa_rel``, ``video_shapes``, ``digit_vqa`` and ``video_digits``
-(data root: MNIST train digits), ``asr_fsdd`` (data root: the seen speakers' train recordings; the reward
-is ``1 - WER``), ``babi_qa1`` (data root,
-with the harness's few-shot prefix), ``gsm8k`` and ``svamp`` (data root, zero-shot prompts: the
+``sort*``), ``t2i_shapes`` (images, judged), ``shapes_vqa_attr``, ``shapes_vqa_rel``, ``video_shapes``,
+``digit_vqa`` and ``video_digits`` (data root: MNIST train digits), ``asr_fsdd`` (data root: the seen
+speakers' train recordings; the reward is ``1 - WER``), ``babi_qa1`` (data root, with the harness's
+few-shot prefix), ``gsm8k`` and ``svamp`` (data root, zero-shot prompts: the
 harness's few-shot prefix does not fit the small models' context).
 """
 
@@ -48,9 +59,10 @@ from ernie5.data.vision_sources import (
     DIGIT_QUESTION,
     MOTION_QUESTION,
     SHAPE_MOTION_QUESTION,
+    shapes_prompt,
 )
 from evals.answers import match_choice
-from evals.api import GenerationRequest, GenerationResult, MediaPart
+from evals.api import GenerationRequest, GenerationResult, MediaPart, MediaResult
 from evals.task import TASKS, Example, Task
 from evals.tasks.audio import AsrFsdd, AudioExample
 from evals.tasks.babi import BabiQA1
@@ -61,6 +73,8 @@ from evals.tasks.procedural import ProceduralTask
 from evals.tasks.vision import (
     IMAGE_SIZE,
     DigitVQA,
+    MediaExample,
+    TextToImageShapes,
     VideoDigits,
     VideoShapes,
     _ShapesVQA,
@@ -91,6 +105,11 @@ class Query:
     hint: str
     """The reference response AHRL takes its hint prefix from."""
     example: Example = field(repr=False, compare=False)
+    output: str = "text"
+    """What the response is: ``"text"``, or ``"image"`` (one image generated through NFSP; the reward is
+    computed on the decoded uint8 ``(1, H, W, 3)`` image)."""
+    cfg_scale: float = 1.0
+    """Classifier-free guidance scale of an image response (the harness's for the task)."""
 
 
 class VerifierError(ValueError):
@@ -107,6 +126,11 @@ class TaskVerifier:
     def __init__(self, name: str, data_dir: str | Path | None = None) -> None:
         if name not in TASKS:
             raise VerifierError(f"rl task {name!r} is not a registered task")
+        if name == "t2i_digits":
+            raise VerifierError(
+                "rl task 't2i_digits' has no verifier: its ten prompts ('Draw the digit d.') are all "
+                "evaluated, so no training prompt can be held out (t2i_shapes has one)"
+            )
         self.task: Task = TASKS.get(name)()
         held = self.task
         if "n_examples" in held.kwargs and "n_examples" not in held.fixed:
@@ -120,12 +144,22 @@ class TaskVerifier:
             raise VerifierError(f"rl task {name}: {why}")
         if not isinstance(
             self.task,
-            (ProceduralTask, _ShapesVQA, DigitVQA, VideoShapes, VideoDigits, MathWordTask, BabiQA1, AsrFsdd),
+            (
+                ProceduralTask,
+                _ShapesVQA,
+                DigitVQA,
+                VideoShapes,
+                VideoDigits,
+                MathWordTask,
+                BabiQA1,
+                AsrFsdd,
+                TextToImageShapes,
+            ),
         ):
             raise VerifierError(
                 f"rl task {name!r} has no verifier "
                 "(procedural, shapes_vqa_*, digit_vqa, video_shapes, video_digits, asr_fsdd, babi_qa1, "
-                "gsm8k and svamp have)"
+                "gsm8k, svamp and t2i_shapes have)"
             )
         self.modality = self.task.modality
         evaluated = held.all_examples(data_dir)
@@ -157,6 +191,12 @@ class TaskVerifier:
         if isinstance(task, ProceduralTask):
             problem = generate(rng.choice(task.kinds()), task.options.difficulty, rng)
             return Example(id=f"rl-{index}", prompt=problem.prompt, target=problem.answer.strip())
+        if isinstance(task, TextToImageShapes):
+            scene = shapes.random_scene(rng)
+            caption = shapes.caption(scene)
+            return MediaExample(
+                id=f"rl-{index}", prompt=shapes_prompt(caption), target=caption, info={"scene": scene}
+            )
         if isinstance(task, _ShapesVQA):
             while True:
                 scene = shapes.random_scene(rng)
@@ -237,6 +277,10 @@ class TaskVerifier:
 
     def _as_query(self, ex: Example) -> Query:
         task = self.task
+        if isinstance(task, TextToImageShapes):
+            # the harness's guidance scale for this task (its MediaGenerationRequest's)
+            scale = task.options.cfg_scale
+            return Query(self.name, ex.id, ex.prompt, self.modality, 0, (), "", ex, "image", scale)
         if ex.choices:
             part = MediaPart("video" if ex.media.ndim == 4 else "image", ex.media)
             return Query(
@@ -264,9 +308,14 @@ class TaskVerifier:
         )
 
     # ------------------------------------------------------------------ reward
-    def reward(self, query: Query, text: str) -> float:
-        """The task's per-example metric of ``text`` (cut at the query's stop strings), as a reward."""
+    def reward(self, query: Query, text) -> float:
+        """The task's per-example metric of ``text`` (cut at the query's stop strings), as a reward; for an
+        image query, ``text`` is the decoded image (uint8 ``(1, H, W, 3)``) and the reward the mean of the
+        task's judged metrics (see the module docstring)."""
         ex = query.example
+        if query.output == "image":
+            scores = self.task.score(ex, [MediaResult(np.asarray(text))])
+            return sum(float(v) for v in scores.values()) / len(scores)
         if ex.choices:
             return float(match_choice(text, ex.choices) == ex.gold)
         scores = self.task.score(ex, [GenerationResult(text, 0)])

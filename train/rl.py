@@ -37,7 +37,11 @@ Deviations:
   2. The aux-free router bias is frozen during RL (no balancing updates: RL should not move routing by
      a rule of its own).
   3. A response is a success for WPSM when its reward is 1 (the best a verifier gives).
-  4. See :mod:`train.rl_buffer` and :mod:`train.rollout` for the engine's deviations.
+  4. See :mod:`train.rl_buffer`, :mod:`train.rollout` and :mod:`train.rollout_image` for the engines'
+     deviations. A query whose ``output`` is ``"image"`` (``t2i_shapes``) is rolled out by the image
+     engine (NFSP with the task's guidance scale) and rewarded on the decoded image; its "tokens" are
+     generated positions (``D`` bits each), learned in batches of their own (no routing replay), and its
+     entropy is the positions' bit entropy summed over their bits (``image_bit_entropy``: per bit).
   5. Elastic sub-model sampling during RL is available (``elastic.enabled``) but off by default: on the
      shipped reference, 80 RL steps with it on moved no harness score, the same budget without it
      raised ``reverse_l8`` by 0.16; the nightly's sub-models are swept after RL instead, to measure
@@ -87,6 +91,15 @@ from train.rl_objectives import (
     wpsm_mask,
 )
 from train.rollout import Prompt, RolloutEngine, rollout_document
+from train.rollout_image import (
+    ImageLearnerBatch,
+    ImagePrompt,
+    ImageRolloutEngine,
+    decode_rollouts,
+    image_learner_batch,
+    image_logprobs,
+    image_prompt_ids,
+)
 
 
 @dataclass
@@ -150,6 +163,8 @@ class RLTrainer:
         self.resume_dir = self._prepare_run_dir(resume)
         self._queries: dict[int, Any] = {}
         self._prompts: dict[int, Prompt] = {}
+        self._image_prompts: dict[int, ImagePrompt] = {}
+        self.image_engine: ImageRolloutEngine | None = None
 
     # ---------------------------------------------------------------- setup
     def _prepare_run_dir(self, resume: bool) -> Path | None:
@@ -226,6 +241,14 @@ class RLTrainer:
         self.engine = RolloutEngine(
             self.precision.compute, self.tokenizer, self._prompt, temperature=ro.temperature, seed=cfg.rl.seed
         )
+        if ckpt.model.vision is not None and ckpt.vision_tokenizer is not None:
+            self.image_engine = ImageRolloutEngine(
+                self.precision.compute,
+                ckpt.vision_tokenizer,
+                self._image_prompt,
+                temperature=ro.temperature,
+                seed=cfg.rl.seed,
+            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.run_dir / "config.yaml", dump(cfg))
         meta = provenance(cfg.rl.seed)
@@ -269,6 +292,19 @@ class RLTrainer:
             self._prompts[r.query] = Prompt(doc, budget, tuple(query.stop))
         return self._prompts[r.query]
 
+    def _is_image(self, q: int) -> bool:
+        """Whether query ``q`` asks for an image (``Query.output``; a verifier's query without that field
+        asks for text)."""
+        return getattr(self._query(q)[1], "output", "text") == "image"
+
+    def _image_prompt(self, r: Rollout) -> ImagePrompt:
+        if r.query not in self._image_prompts:
+            _, query = self._query(r.query)
+            scale = self.cfg.rollout.image_cfg_scale
+            scale = query.cfg_scale if scale < 0 else scale
+            self._image_prompts[r.query] = ImagePrompt(image_prompt_ids(self.tokenizer, query.context), scale)
+        return self._image_prompts[r.query]
+
     def _subnet(self, q: int) -> tuple[Subnet, dict]:
         return sample_subnet(
             self.cfg.elastic, self.cfg.model, self.cfg.rl.seed, q // self.cfg.rollout.queries_per_step, 0
@@ -297,7 +333,8 @@ class RLTrainer:
         return [Rollout(q, s, hint=list(hint)) for s in range(self.cfg.rollout.group_size)]
 
     def _advance(self, rollouts: list[Rollout], budget: int, round_: int) -> tuple[int, int]:
-        """One engine round, split by sub-model (rollouts of different groups may differ)."""
+        """One engine round, split by sub-model (rollouts of different groups may differ) and by output
+        (text responses to the text engine, images to the image engine)."""
         by_subnet: dict[str, list[Rollout]] = defaultdict(list)
         subnets = {}
         for r in rollouts:
@@ -306,9 +343,22 @@ class RLTrainer:
             subnets[subnet_key(dims)] = sub
         steps = tokens = 0
         for j, key in enumerate(sorted(by_subnet)):
-            s, n = self.engine.advance(
-                by_subnet[key], budget, round_ * 1009 + j, subnets[key], self.buffer.step
-            )
+            s, n = self._advance_on(by_subnet[key], budget, round_ * 1009 + j, subnets[key])
+            steps, tokens = steps + s, tokens + n
+        return steps, tokens
+
+    def _advance_on(
+        self, rollouts: list[Rollout], budget: int, round_: int, subnet: Subnet
+    ) -> tuple[int, int]:
+        """One round of both engines under one sub-model (text first; an image is generated whole)."""
+        text = [r for r in rollouts if not self._is_image(r.query)]
+        images = [r for r in rollouts if self._is_image(r.query)]
+        steps = tokens = 0
+        if text:
+            steps, tokens = self.engine.advance(text, budget, round_, subnet, self.buffer.step)
+        if images:
+            assert self.image_engine is not None  # _setup checked the vision parts
+            s, n = self.image_engine.advance(images, budget, round_, subnet, self.buffer.step)
             steps, tokens = steps + s, tokens + n
         return steps, tokens
 
@@ -320,11 +370,13 @@ class RLTrainer:
         out = {}
         for start in range(0, pool, 64):
             rollouts = [Rollout(q, s) for q in range(start, min(pool, start + 64)) for s in range(G)]
-            self.engine.advance(rollouts, 1 << 30, -(salt * 1_000_003 + start + 1), full, self.buffer.step)
+            self._advance_on(rollouts, 1 << 30, -(salt * 1_000_003 + start + 1), full)
+            rewards = self._rewards(rollouts)
             for q in range(start, min(pool, start + 64)):
-                out[q] = sum(self._reward(r) for r in rollouts if r.query == q) / G
+                out[q] = sum(w for r, w in zip(rollouts, rewards, strict=True) if r.query == q) / G
         self._queries.clear()
         self._prompts.clear()
+        self._image_prompts.clear()
         return out
 
     def _pass_event(self, name: str, values: dict[int, float], seconds: float) -> dict:
@@ -342,9 +394,19 @@ class RLTrainer:
             "n_easy": len(easy),
         }
 
-    def _reward(self, r: Rollout) -> float:
-        task, query = self._query(r.query)
-        return self.verifiers[task].reward(query, self.engine.response_text(r, tuple(query.stop)))
+    def _rewards(self, rows: list[Rollout]) -> list[float]:
+        """Each finished rollout's reward: its verifier on the response text, or on the decoded image."""
+        images = [r for r in rows if self._is_image(r.query)]
+        decoded = {}
+        if images:
+            pixels = decode_rollouts(self.ckpt.vision_tokenizer, self.cfg.model.vision, images)
+            decoded = {id(r): pixels[k] for k, r in enumerate(images)}
+        out = []
+        for r in rows:
+            task, query = self._query(r.query)
+            answer = decoded[id(r)] if id(r) in decoded else self.engine.response_text(r, tuple(query.stop))
+            out.append(float(self.verifiers[task].reward(query, answer)))
+        return out
 
     # ---------------------------------------------------------------- learner
     def _learner_batch(self, rows: list[Rollout], replay: bool) -> LearnerBatch:
@@ -371,8 +433,17 @@ class RLTrainer:
         inputs = pack(docs, width, n_rows=len(rows), one_per_row=True).inputs
         return LearnerBatch(inputs, pos_BT, tok_BT, routing)
 
-    def _logprobs(self, batch: LearnerBatch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token log-probs (with grad when enabled) and entropies of the response tokens."""
+    def _image_batch(self, rows: list[Rollout]) -> ImageLearnerBatch:
+        prompts = [self._image_prompt(r) for r in rows]
+        return image_learner_batch(rows, prompts, self.ckpt.vision_tokenizer, self.cfg.model.vision)
+
+    def _logprobs(
+        self, batch: LearnerBatch | ImageLearnerBatch, subnet: Subnet
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs (with grad when enabled) and entropies of the response tokens (of an
+        image: per generated position, summed over its bits)."""
+        if isinstance(batch, ImageLearnerBatch):
+            return image_logprobs(self.precision.compute, batch, subnet, self.cfg.rollout.temperature)
         kwargs = {"routing_replay": batch.routing} if batch.routing is not None else {}
         out = self.precision.compute(batch.inputs, subnet=subnet, **kwargs)
         rows = torch.arange(batch.pos_BT.shape[0])[:, None]
@@ -411,7 +482,7 @@ class RLTrainer:
     def _learn(self, step: int, groups: list[list[Rollout]]) -> dict:
         cfg, obj = self.cfg, self.cfg.objective
         rows = [r for g in groups for r in g]
-        rewards = torch.tensor([[self._reward(r) for r in g] for g in groups])
+        rewards = torch.tensor(self._rewards(rows)).view(len(groups), -1)
         adv_B = group_advantages(rewards).reshape(-1)
         keep_B = torch.ones(len(rows), dtype=torch.bool)
         if obj.dynamic_sampling:
@@ -425,15 +496,22 @@ class RLTrainer:
             key = subnet_key(dims)
             parts[key].append(k)
             subnets[key], dims_of[key] = sub, dims
-        # One learner batch per (minibatch, sub-model): it gives the log-probs at the rollout weights
-        # first, then the gradient of its optimizer step.
+        # One learner batch per (minibatch, sub-model, output): it gives the log-probs at the rollout
+        # weights first, then the gradient of its optimizer step.
         n_mb = min(obj.minibatches, len(rows))
+        image_B = [self._is_image(r.query) for r in rows]
         chunks = []  # (minibatch, sub-model key, row indices, batch)
         for mb in range(n_mb):
             for key, idx in parts.items():
-                rows_idx = [k for k in idx if k % n_mb == mb]
-                if rows_idx:
-                    batch = self._learner_batch([rows[k] for k in rows_idx], obj.routing_replay)
+                for image in (False, True):
+                    rows_idx = [k for k in idx if k % n_mb == mb and image_B[k] == image]
+                    if not rows_idx:
+                        continue
+                    sel = [rows[k] for k in rows_idx]
+                    if image:
+                        batch = self._image_batch(sel)
+                    else:
+                        batch = self._learner_batch(sel, obj.routing_replay)
                     chunks.append((mb, key, rows_idx, batch))
         n_max = max(len(r.tokens) for r in rows)
         logp_old = torch.zeros(len(rows), n_max)
@@ -510,18 +588,30 @@ class RLTrainer:
             "train_s": train_s,
             "queries": sorted({r.query for r in rows}),
         }
-        by_task, by_mod = defaultdict(list), defaultdict(list)
-        ent_mod = defaultdict(list)
+        by_task, by_mod, by_out = defaultdict(list), defaultdict(list), defaultdict(list)
+        ent_task, ent_mod, ent_out = defaultdict(list), defaultdict(list), defaultdict(list)
         for k, r in enumerate(rows):
             task, _ = self._query(r.query)
-            by_task[task].append(float(reward_B[k]))
             mod = self.verifiers[task].modality
-            by_mod[mod].append(float(reward_B[k]))
-            ent_mod[mod].append(float(ent_B[k]))
-        rec["reward_by_task"] = {t: sum(v) / len(v) for t, v in sorted(by_task.items())}
+            output = "image" if image_B[k] else "text"
+            for table, name in ((by_task, task), (by_mod, mod), (by_out, output)):
+                table[name].append(float(reward_B[k]))
+            for table, name in ((ent_task, task), (ent_mod, mod), (ent_out, output)):
+                table[name].append(float(ent_B[k]))
+
+        def means(table: dict) -> dict:
+            return {name: sum(v) / len(v) for name, v in sorted(table.items())}
+
+        rec["reward_by_task"] = means(by_task)
         rec["rows_by_task"] = {t: len(v) for t, v in sorted(by_task.items())}
-        rec["reward_by_modality"] = {m: sum(v) / len(v) for m, v in sorted(by_mod.items())}
-        rec["entropy_by_modality"] = {m: sum(v) / len(v) for m, v in sorted(ent_mod.items())}
+        rec["reward_by_modality"] = means(by_mod)
+        rec["entropy_by_modality"] = means(ent_mod)
+        rec["entropy_by_task"] = means(ent_task)
+        rec["reward_by_output"] = means(by_out)
+        rec["entropy_by_output"] = means(ent_out)
+        if any(image_B):
+            bits = self.cfg.model.vision.latent_bits
+            rec["image_bit_entropy"] = rec["entropy_by_output"]["image"] / bits
         rec["by_subnet"] = {
             key: {**dims_of[key], "n": len(idx), "reward": float(reward_B[idx].mean())}
             for key, idx in sorted(parts.items())
@@ -529,6 +619,7 @@ class RLTrainer:
         for q in {r.query for r in rows}:
             self._queries.pop(q, None)
             self._prompts.pop(q, None)
+            self._image_prompts.pop(q, None)
         return rec
 
     # ---------------------------------------------------------------- loop

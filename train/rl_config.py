@@ -35,6 +35,8 @@ class RolloutConfig:
     """Sampling temperature of the behaviour policy (its log-probs are taken at this temperature)."""
     max_new_tokens: int = 0
     """Cap on response tokens (0 = each task's own generation budget)."""
+    image_cfg_scale: float = -1.0
+    """Guidance scale of image rollouts (< 0: each image task's own, the scale the harness samples with)."""
     pool_size: int = 0
     """Distinct queries, cycled in order (0 = an endless stream of fresh queries). A finite pool lets
     WPSM's success rate and AHRL's pass rate refer to queries seen before."""

@@ -17,8 +17,9 @@ References:
     time) and §5.4 (Rollout Router Replay); Ma et al. 2025 (arXiv 2510.11370), R3.
 
 Deviations:
-  1. Text responses only: generation tasks whose answers are images (NFSP) or speech (NCP) are not
-     rolled out; their rewards would come from the harness's judges.
+  1. Text responses only here: image answers (NFSP, ``t2i_shapes``) are rolled out by
+     :mod:`train.rollout_image` and rewarded by the task's judge; speech answers (NCP) are not rolled
+     out.
   2. Each round re-prefills the rollouts it continues (no cache kept across rounds), and a rollout's
      routing of an earlier position is the one of the latest forward over it.
 """

@@ -3,11 +3,12 @@ the task's own scorer."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import evals.tasks  # noqa: F401
 from evals.answers import match_choice
-from evals.api import GenerationResult
+from evals.api import GenerationResult, MediaResult
 from evals.task import TASKS
 from evals.verifiers import TaskVerifier, VerifierError
 
@@ -51,6 +52,29 @@ def test_multiple_choice_reward_parses_the_answer_against_the_gold_choice():
     assert v.reward(q, " " + other) == 0.0 and v.reward(q, " something else") == 0.0
 
 
+def test_t2i_shapes_queries_ask_for_images_never_evaluated_and_the_judge_is_the_reward():
+    v = TaskVerifier("t2i_shapes")
+    task = TASKS.get("t2i_shapes")(n_examples=5000)
+    evaluated = {ex.prompt for ex in task.all_examples(None)}
+    queries = [v.query(i, seed=0) for i in range(300)]
+    assert all(q.context not in evaluated and q.output == "image" for q in queries)
+    assert all(
+        q.context == f"Draw: {q.example.target}." and q.cfg_scale == task.options.cfg_scale for q in queries
+    )
+    assert v.query(7, seed=0).context == queries[7].context
+    from ernie5.data import shapes
+
+    for q in queries[:20]:
+        scene = q.example.info["scene"]
+        drawn = shapes.render(scene, 32)[None]
+        assert v.reward(q, drawn) == 1.0  # the scene it was asked for
+        wrong = shapes.render(shapes.Scene(scene.shapes[:1]), 32)[None]  # a shape missing
+        scores = v.task.score(q.example, [MediaResult(wrong)])
+        assert v.reward(q, wrong) == pytest.approx(sum(scores.values()) / 4)
+        assert v.reward(q, wrong) < 1.0
+        assert v.reward(q, np.zeros_like(drawn)) == pytest.approx(0.0)
+
+
 def test_match_choice():
     assert match_choice(" Red.", ("blue", "red")) == 1
     assert match_choice(" red square", ("red", "square")) == -1
@@ -86,4 +110,6 @@ def test_unsupported_and_unknown_tasks_are_one_line_errors():
     with pytest.raises(VerifierError, match="not a registered task"):
         TaskVerifier("no_such_task")
     with pytest.raises(VerifierError, match="has no verifier"):
-        TaskVerifier("t2i_shapes")
+        TaskVerifier("t2v_shapes")
+    with pytest.raises(VerifierError, match="t2i_digits' has no verifier: its ten prompts"):
+        TaskVerifier("t2i_digits")
