@@ -418,6 +418,28 @@ def verdicts(study: Study, cost: dict, main: pd.DataFrame) -> list[str]:
             else:  # better: the family row is significantly worse
                 word = "holds" if lo > 0 else "does not hold" if hi < 0 else "inconclusive"
                 out.append(f"{text}: **{word}** at this scale")
+    for shape, sels in study.shapes.items():
+        randoms = [s for s in sels if s.startswith("random:")]
+        if "importance" not in sels or not randoms:
+            continue
+        for family in ("elastic", "pruned"):
+            imp = study.source(family, shape, "importance")
+            for sel in randoms:
+                d = loss_delta(study, imp, study.source(family, shape, sel))
+                if math.isnan(d["ci_low"]):
+                    continue
+                ci = f.ci(d["ci_low"], d["ci_high"], f.signed)
+                word = (
+                    "importance better"
+                    if d["ci_high"] < 0
+                    else "random better"
+                    if d["ci_low"] > 0
+                    else "no difference"
+                )
+                out.append(
+                    f"{shape} {family}: importance against {sel} selection (loss difference "
+                    f"{f.signed(d['delta'])}, CI {ci}): **{word}**"
+                )
     return out
 
 

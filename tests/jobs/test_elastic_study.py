@@ -133,7 +133,12 @@ def _study(cfg, out, **popen):
 
 
 def _finish(proc) -> None:
-    out, err = proc.communicate(timeout=900)
+    try:
+        _, err = proc.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
     assert proc.returncode == 0, err.decode()[-2000:]
 
 
