@@ -61,7 +61,7 @@ def parts():
     codec_cfg = AudioCodecConfig(channels=4, max_channels=16, latent_dim=8, n_levels=2, codebook_size=16)
     codec = AudioCodec(codec_cfg).eval().requires_grad_(False)
     sources = open_sources(cfg.data, None, cfg.model.vision.image_size)
-    tok = TextTokenizer.train(tokenizer_corpus(sources, 20000, 0), cfg.model.vocab_size)
+    tok = TextTokenizer.train(tokenizer_corpus(sources, 5000, 0), cfg.model.vocab_size)
     return cfg, tok, vtok, codec
 
 
