@@ -119,8 +119,17 @@ class DataConfig:
     harness's prompt formats (supervised fine-tuning, ``ernie5 sft``), loss on answers only (see
     :mod:`ernie5.sequence.chat`)."""
 
+    workers: int = 0
+    """Data-loader worker processes that build the micro-batches (text packing and media
+    tokenization) ahead of the trainer (:mod:`train.prefetch`); 0 builds each in the trainer's
+    process when it is needed. The batches are the same for every value."""
+    prefetch: int = 2
+    """Micro-batches each worker builds ahead (the loader's ``prefetch_factor``; unused with 0 workers)."""
+
     def __post_init__(self) -> None:
         check(self.seq_len >= 8, f"seq_len={self.seq_len} must be >= 8")
+        check(self.workers >= 0, f"workers={self.workers} must be >= 0")
+        check(self.prefetch >= 1, f"prefetch={self.prefetch} must be >= 1")
         check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         check(bool(self.sources), "sources must name at least one source")
         check(all(w >= 0 for w in self.sources.values()), f"sources={self.sources} weights must be >= 0")

@@ -78,6 +78,7 @@ from train.elastic import sample_subnet
 from train.parallel import checkpoint as parallel_ckpt
 from train.parallel.shard import make_sharded_optimizer, parallelize
 from train.precision import MixedPrecision
+from train.prefetch import PrefetchStream, TrainKeys
 from train.schedule import lr_at, staged
 
 CKPT_DIR = "checkpoints"
@@ -161,11 +162,13 @@ class Trainer:
             # How the run is spread (processes, micro-batches per process, sharding, expert split,
             # memory switches, device) may change at a resume; what it computes may not.
             t = self.cfg.train
+            d = self.cfg.data
             same_steps = replace(
                 stored,
                 train=replace(
                     stored.train, steps=steps, parallel=t.parallel, device=t.device, grad_accum=t.grad_accum
                 ),
+                data=replace(stored.data, workers=d.workers, prefetch=d.prefetch),
             )
             if to_dict(same_steps) != to_dict(self.cfg):
                 diff = _first_difference(to_dict(same_steps), to_dict(self.cfg))
@@ -249,7 +252,7 @@ class Trainer:
             state = json.loads((self.resume_dir / "meta.json").read_text(encoding="utf-8"))["train_state"]
             self.start_step = int(state["step"])
             self.balance_ema = dict(state.get("balance_ema", {}))
-        self.stream = MixtureStream(
+        stream = MixtureStream(
             cfg.data,
             self.sources,
             self.tokenizer,
@@ -258,6 +261,11 @@ class Trainer:
             cfg.model.vision,
             self.audio_codec,
         )
+        # Tokenizer disaggregation: data.workers processes build the micro-batches this process will
+        # ask for, in its order (forked, they get this stream; its tokenizer and codec stay on CPU).
+        t, d = cfg.train, self.dist
+        keys = TrainKeys(self.start_step, t.steps, t.grad_accum, d.world, d.rank)
+        self.stream = PrefetchStream.from_config(lambda: stream, cfg.data, keys)
         self.moe_layers = {i: b.ffn for i, b in enumerate(self.model.layers) if isinstance(b.ffn, MoE)}
         if self.par is None:
             self.precision = MixedPrecision(self.model, cfg.train.dtype)
@@ -602,6 +610,12 @@ class Trainer:
     def run(self) -> dict:
         """Train to ``train.steps``; returns the last logged record."""
         self._setup()
+        try:
+            return self._train()
+        finally:
+            self.stream.close()  # the data-loader workers, if any
+
+    def _train(self) -> dict:
         self._barrier()
         cfg = self.cfg
         steps = cfg.train.steps

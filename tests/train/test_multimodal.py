@@ -63,7 +63,8 @@ def test_text_image_video_training_runs_and_resumes(vtok_dir, tmp_path):
 
     shutil.copytree(out, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_00000008")
-    pretrain(_cfg(vtok_dir), resumed, resume=True, quiet=True)
+    # ... its batches built by two data-loader workers this time (train.prefetch): the same batches
+    pretrain(_cfg(vtok_dir, "data.workers=2"), resumed, resume=True, quiet=True)
     a = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x)["loss"] for x in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert a == b
