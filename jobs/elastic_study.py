@@ -210,9 +210,11 @@ class _Ledger:
         rec = self.data["units"].get(unit)
         return isinstance(rec, dict) and rec.get("key") == key
 
-    def finish(self, unit: str, key: str, wall_s: float, **extra) -> None:
+    def finish(self, unit: str, key: str, wall_s: float, reused: bool = False, **extra) -> None:
+        """Record ``unit`` as done for ``key``; a unit that found its work already done (a run
+        config whose schema grew a field, say) keeps the wall time it was measured with."""
         prev = self.data["units"].get(unit, {})
-        total = wall_s + (prev.get("wall_s", 0.0) if prev.get("key") == key else 0.0)
+        total = wall_s + (prev.get("wall_s", 0.0) if prev.get("key") == key or reused else 0.0)
         self.data["units"][unit] = {"key": key, "wall_s": round(total, 3), **extra}
         self.save()
 
@@ -224,9 +226,12 @@ def _trained(run_dir: Path, steps: int) -> bool:
     return any(c.name == f"step_{steps:08d}" for c in checkpoint_dirs(run_dir))
 
 
-def _train(run: RunConfig, run_dir: Path, data_dir, quiet: bool) -> None:
-    if not _trained(run_dir, run.train.steps):
-        pretrain(run, run_dir, resume=(run_dir / "config.yaml").exists(), data_dir=data_dir, quiet=quiet)
+def _train(run: RunConfig, run_dir: Path, data_dir, quiet: bool) -> dict | None:
+    """Train (or continue) ``run`` in ``run_dir``; ``{"reused": True}`` when it had already finished."""
+    if _trained(run_dir, run.train.steps):
+        return {"reused": True}
+    pretrain(run, run_dir, resume=(run_dir / "config.yaml").exists(), data_dir=data_dir, quiet=quiet)
+    return None
 
 
 def _extract(checkpoint: Path, shape: str, out: Path, data_dir) -> None:
