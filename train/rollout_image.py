@@ -39,9 +39,9 @@ Deviations:
   4. Images only (one frame): text-to-video prompts are not rolled out. An image is generated whole in
      one engine round, whatever the round's token budget (a scale is one block; the scheduler's chunking
      applies to text responses).
-  5. The sampler mirrors ``generate_media``'s loop instead of calling it (that function returns pixels
-     only); ``tests/train/test_rollout_image.py`` checks that both give the same pixels for the same
-     prompts and seed.
+  5. The sampler is ``generate_media``'s own loop (``ernie5.generation.vision.sample_scales``) with a
+     draw that also keeps each position's log-prob; ``tests/train/test_rollout_image.py`` checks that
+     both give the same pixels for the same prompts and seed.
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ernie5.generation.vision import sample_scales
 from ernie5.model.elastic import Subnet
-from ernie5.model.inputs import Inputs, VisionGen, VisionInputs
-from ernie5.model.vision import nfsp_layout
+from ernie5.model.inputs import Inputs
 from ernie5.sequence.segments import Segment, pack, text_segment
 from ernie5.sequence.vision import generation_segment, prompt_ids, to_uint8
-from ernie5.tokenizers.special import BOI, BOS, PAD
+from ernie5.tokenizers.special import BOI, BOS
 from train.rl_buffer import Rollout
 
 
@@ -178,71 +178,22 @@ class ImageRolloutEngine:
         Returns the sampled bits ``(N, P, D)`` in {-1, +1} and each position's behaviour log-prob
         ``(N, P)`` (guided logits at the engine's temperature).
         """
-        model, vt = self.model, self.vision_tokenizer
-        cfg = model.cfg.vision
         guided = cfg_scale != 1.0
         rows_prompts = list(prompts) + ([list(UNCOND_IDS)] * len(prompts) if guided else [])
-        n, rows = len(prompts), len(rows_prompts)
-        device = model.tok_emb.weight.device
-        t0 = max(len(p) for p in rows_prompts)
-        total = t0 + cfg.tokens_per_frame
-        if total > model.cfg.max_seq_len:
-            raise ValueError(f"prompt ({t0}) + 1 frame exceed max_seq_len={model.cfg.max_seq_len}")
-        ids = torch.full((rows, t0), PAD, dtype=torch.long, device=device)
-        doc = torch.full((rows, t0), -1, dtype=torch.long, device=device)
-        pos = torch.zeros(rows, t0, dtype=torch.long, device=device)
-        for r, p in enumerate(rows_prompts):
-            ids[r, t0 - len(p) :] = torch.tensor(p, device=device)
-            doc[r, t0 - len(p) :] = 0
-            pos[r, t0 - len(p) :] = torch.arange(len(p), device=device)
-        cache = model.new_cache(rows, total)
-        blk = torch.arange(t0, device=device).expand(rows, t0)
-        model(Inputs(ids, pos.expand(3, rows, t0), doc, blk), subnet=subnet, cache=cache, return_logits=False)
-        base = torch.tensor([len(p) for p in rows_prompts], device=device)
-        lay = nfsp_layout(cfg, 1)
+        n, d = len(prompts), self.model.cfg.vision.latent_bits
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        d = cfg.latent_bits
-        bits_f: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
-        offset = 0
-        for k, s in enumerate(cfg.scales):
-            m = s * s
-            sl = slice(offset, offset + m)
-            offset += m
-            start = torch.zeros(m, dtype=torch.bool)
-            if k == 0:
-                inputs = torch.zeros(n, m, d)
-                start[:] = True
-            else:
-                padded = bits_f + [torch.zeros(n, 1, q, q, d) for q in cfg.scales[k:]]
-                inputs = vt.scale_inputs(padded)[k].reshape(n, m, d)
-            inputs = torch.cat([inputs, inputs]) if guided else inputs
-            positions = lay["positions"][:, sl].to(device)[:, None, :] + base[None, :, None]
-            scale_inputs = Inputs(
-                torch.full((rows, m), PAD, dtype=torch.long, device=device),
-                positions_3BT=positions,
-                doc_ids_BT=torch.zeros(rows, m, dtype=torch.long, device=device),
-                block_ids_BT=torch.full((rows, m), cache.length, device=device),
-                vision=VisionInputs(
-                    [],
-                    None,
-                    VisionGen(
-                        inputs.reshape(rows * m, d).to(device),
-                        torch.full((rows * m,), k, device=device),
-                        start.repeat(rows).to(device),
-                        cell_P=lay["cell"][sl].repeat(rows).to(device),
-                    ),
-                    torch.ones(rows, m, dtype=torch.bool, device=device),
-                ),
-            )
-            out = model(scale_inputs, subnet=subnet, cache=cache, return_logits=False)
-            logits = out.bit_logits_PD.view(rows, m, d).cpu()
-            if guided:
-                logits = logits[n:] + cfg_scale * (logits[:n] - logits[n:])
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:  # generate_media's draw, log-prob kept
             p = torch.sigmoid(logits / self.temperature)
             bits = torch.where(torch.rand(p.shape, generator=gen) < p, 1.0, -1.0)
             logps.append(bit_logprobs(logits, bits, self.temperature)[0])
-            bits_f.append(bits.view(n, 1, s, s, d))
+            return bits
+
+        vt = self.vision_tokenizer
+        (bits_f,) = sample_scales(  # one frame
+            self.model, vt, rows_prompts, n, 1, cfg_scale=cfg_scale, subnet=subnet, pick=pick
+        )
         return torch.cat([b.reshape(n, -1, d) for b in bits_f], dim=1), torch.cat(logps, dim=1)
 
 

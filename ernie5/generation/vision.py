@@ -17,6 +17,8 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -54,7 +56,43 @@ def generate_media(
     prompts = [p if p and p[-1] == begin else [*p, begin] for p in prompts]
     guided = cfg_scale != 1.0
     rows_prompts = prompts + ([[BOS, begin]] * len(prompts) if guided else [])
-    n, rows = len(prompts), len(rows_prompts)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        if temperature <= 0:
+            return torch.where(logits >= 0, 1.0, -1.0)
+        p = torch.sigmoid(logits / temperature)
+        return torch.where(torch.rand(p.shape, generator=gen) < p, 1.0, -1.0)
+
+    frames_bits = sample_scales(
+        model, tokenizer, rows_prompts, len(prompts), n_frames, cfg_scale=cfg_scale, subnet=subnet, pick=pick
+    )
+    clip_bits = [torch.cat([fb[k] for fb in frames_bits], dim=1) for k in range(len(cfg.scales))]
+    pixels = tokenizer.decode(tokenizer.codes_to_fhat(clip_bits))
+    return to_uint8(pixels)
+
+
+def sample_scales(
+    model: Ernie5Model,
+    tokenizer,
+    rows_prompts: list[list[int]],
+    n: int,
+    n_frames: int,
+    *,
+    cfg_scale: float,
+    subnet: Subnet | None,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+) -> list[list[torch.Tensor]]:
+    """The NFSP sampling loop: prefill ``rows_prompts`` (``n`` conditional prompts ending with BOI or
+    BOV, then, when ``cfg_scale != 1``, ``n`` unconditional ones), then predict every scale of every
+    frame from the bits sampled so far. ``pick`` turns a scale's guided bit logits ``(n, s*s, D)``
+    into bits in {-1, +1} (and may record what it drew: the RL rollouts keep the log-probs).
+
+    Returns the bits per frame, per scale, ``(n, 1, s, s, D)``.
+    """
+    cfg = model.cfg.vision
+    guided = cfg_scale != 1.0
+    rows = len(rows_prompts)
     device = model.tok_emb.weight.device
     t0 = max(len(p) for p in rows_prompts)
     total = t0 + n_frames * cfg.tokens_per_frame
@@ -73,9 +111,8 @@ def generate_media(
     model(prompt_inputs, subnet=subnet, cache=cache, return_logits=False)
     base = torch.tensor([len(p) for p in rows_prompts], device=device)  # first position after the prompt
     lay = nfsp_layout(cfg, n_frames)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
     d = cfg.latent_bits
-    frames_bits: list[list[torch.Tensor]] = []  # per frame, per scale: (n, 1, 1, s, s, D)
+    frames_bits: list[list[torch.Tensor]] = []  # per frame, per scale: (n, 1, s, s, D)
     offset = 0
     for f in range(n_frames):
         bits_f: list[torch.Tensor] = []
@@ -115,16 +152,9 @@ def generate_media(
             logits = out.bit_logits_PD.view(rows, m, d).cpu()
             if guided:
                 logits = logits[n:] + cfg_scale * (logits[:n] - logits[n:])
-            if temperature <= 0:
-                bits = torch.where(logits >= 0, 1.0, -1.0)
-            else:
-                p = torch.sigmoid(logits / temperature)
-                bits = torch.where(torch.rand(p.shape, generator=gen) < p, 1.0, -1.0)
-            bits_f.append(bits.view(n, 1, s, s, d))
+            bits_f.append(pick(logits).view(n, 1, s, s, d))
         frames_bits.append(bits_f)
-    clip_bits = [torch.cat([fb[k] for fb in frames_bits], dim=1) for k in range(len(cfg.scales))]
-    pixels = tokenizer.decode(tokenizer.codes_to_fhat(clip_bits))
-    return to_uint8(pixels)
+    return frames_bits
 
 
 def _prev_frame_input(tokenizer, cfg, bits_prev: list[torch.Tensor]) -> torch.Tensor:
