@@ -1,7 +1,8 @@
 """Configuration of the RL stage (``ernie5 rl``): tasks, rollouts, the replay buffer and the objective.
 
-A preset (``ernie5/presets/rl.yaml``) holds every field but ``model``, which is the checkpoint's own;
-``--config FILE`` and ``--set dotted.key=value`` override fields as for ``ernie5 train``.
+The defaults below are the RL recipe (there is no preset file); the model is the checkpoint's own.
+``--config FILE`` (a YAML of these fields) and ``--set dotted.key=value`` override fields as for
+``ernie5 train``.
 """
 
 from __future__ import annotations
