@@ -239,7 +239,8 @@ def test_resume_keeps_the_global_batch(straight_run, tmp_path):
     per process), as long as processes x micro-batches, the global batch, stays the same."""
     other = tmp_path / "other"
     shutil.copytree(straight_run, other)
-    with pytest.raises(RunError, match=r"train.grad_accum=2 x 1 process\(es\).*global batch is 1 x 1") as info:
+    msg = r"train.grad_accum=2 x 1 process\(es\).*global batch is 1 x 1"
+    with pytest.raises(RunError, match=msg) as info:
         pretrain(_cfg("train.grad_accum=2"), other, resume=True, quiet=True)
     assert "\n" not in str(info.value)
     pretrain(_cfg("train.parallel.ep=2", "train.parallel.dp_shard=1"), other, resume=True, quiet=True)
