@@ -196,7 +196,8 @@ class Trainer:
         self.sources = open_sources(cfg.data, self.data_dir, cfg.model.vision.image_size)
         tok_path = self.run_dir / "tokenizer.json"
         if self.resume_dir is not None:
-            self._adopt(load_checkpoint(self.resume_dir, fast=False))
+            resumed = load_checkpoint(self.resume_dir, fast=False)
+            self._adopt(resumed)
         elif cfg.train.init_from:
             self._init_from(cfg.train.init_from, tok_path)
         else:
@@ -216,40 +217,26 @@ class Trainer:
         self.device = pick_device(cfg.train.device)
         self.model.to(self.device)
         self.balance_ema: dict[str, float] = {}
-        dcp_dir = self.resume_dir / parallel_ckpt.DCP_DIR if self.resume_dir is not None else None
         pcfg = cfg.train.parallel
+        self.bf16 = cfg.train.dtype == "bf16"
         self.par = None
         if self.dist.world > 1:
             apply_fast_paths(self.model)
             self._apply_fp8(self.model)
-            bf16 = cfg.train.dtype == "bf16"
             self.par = parallelize(
                 self.model,
                 pcfg,
                 rank=self.dist.rank,
                 world=self.dist.world,
                 device=self.device.type,
-                param_dtype=torch.bfloat16 if bf16 else None,
+                param_dtype=torch.bfloat16 if self.bf16 else None,
             )
             self.compute = self.model
-            self.bf16 = bf16
             self.optimizer = make_sharded_optimizer(self.model, cfg.optim)
-            if self.resume_dir is not None and not dcp_dir.is_dir():  # written by one process
-                full, state = self._one_process_optimizer_state()
-                mesh = self.par.meshes.experts
-                parallel_ckpt.load_full_optimizer_state(full, self.model, self.optimizer, mesh)
-                self.start_step = int(state["step"])
-                self.balance_ema = dict(state.get("balance_ema", {}))
         else:
             self.optimizer = make_optimizer(self.model, cfg.optim)
-            if self.resume_dir is not None and not dcp_dir.is_dir():
-                _, state = load_train_state(self.resume_dir, optimizer=self.optimizer)
-                self.start_step = int(state["step"])
-                self.balance_ema = dict(state.get("balance_ema", {}))
-        if dcp_dir is not None and dcp_dir.is_dir():
-            expert_mesh = self.par.meshes.experts if self.par is not None else None
-            parallel_ckpt.load_train_state(dcp_dir, self.model, self.optimizer, expert_mesh)
-            state = json.loads((self.resume_dir / "meta.json").read_text(encoding="utf-8"))["train_state"]
+        if self.resume_dir is not None:
+            state = self._resume_train_state(resumed.meta)
             self.start_step = int(state["step"])
             self.balance_ema = dict(state.get("balance_ema", {}))
         stream = MixtureStream(
@@ -272,7 +259,6 @@ class Trainer:
             apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
             self._apply_fp8(self.precision.compute)
             self.compute = self.precision.compute
-            self.bf16 = self.precision.bf16
             if pcfg.activation_checkpoint:
                 from torch.distributed._composable import checkpoint
 
@@ -310,13 +296,24 @@ class Trainer:
                 kept.append({"step": self.start_step, "event": "extended", **extensions[-1]})
             rewrite_jsonl(metrics, kept)
 
-    def _one_process_optimizer_state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
-        """A one-process checkpoint's AdamW state by parameter name, and its train state."""
-        plain = Ernie5Model(self.cfg.model)
+    def _resume_train_state(self, meta: dict) -> dict:
+        """Load the optimizer state of the checkpoint being resumed (the model's weights are loaded
+        already) and return its train state (``step``, ``balance_ema``), whichever world size wrote
+        it: a parallel run's shards (any world size, one process included), or a one-process run's
+        full state (into one process directly; into several, each keeping its slices)."""
+        dcp_dir = self.resume_dir / parallel_ckpt.DCP_DIR
+        mesh = self.par.meshes.experts if self.par is not None else None
+        if dcp_dir.is_dir():
+            parallel_ckpt.load_train_state(dcp_dir, self.model, self.optimizer, mesh)
+            return meta["train_state"]
+        if self.par is None:
+            return load_train_state(self.resume_dir, optimizer=self.optimizer)[1]
+        plain = Ernie5Model(self.cfg.model)  # the one-process optimizer's parameter order
         optimizer = make_optimizer(plain, self.cfg.optim)
         _, state = load_train_state(self.resume_dir, optimizer=optimizer)
         full = {name: dict(optimizer.state[p]) for name, p in plain.named_parameters() if optimizer.state[p]}
-        return full, state
+        parallel_ckpt.load_full_optimizer_state(full, self.model, self.optimizer, mesh)
+        return state
 
     def _apply_fp8(self, model: Ernie5Model) -> None:
         if not self.cfg.train.fp8:
@@ -448,9 +445,7 @@ class Trainer:
         # Global micro-batch index: W processes x A micro-batches see exactly the batches that one
         # process with W*A accumulation steps would; concurrent ones share their sub-model.
         index = micro * self.dist.world + self.dist.rank
-        t0 = time.perf_counter()
         batch = self.stream.batch(step, index)
-        data_wait = time.perf_counter() - t0
         if self.device.type != "cpu":
             batch = batch.to(self.device)
         subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, index // self.subnet_group)
@@ -503,7 +498,7 @@ class Trainer:
             "tokens": int(valid.sum()),
             "active": rep.active_params_no_embedding,
             "flops": _train_flops(rep, mtp is not None, mtp is not None and mtp_w > 0),
-            "data_wait_s": data_wait,
+            "data_wait_s": self.stream.wait_s,  # seconds this micro-batch's batch() waited
         }
 
     def _gather_micros(self, micros: list[dict]) -> list[dict]:

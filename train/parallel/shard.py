@@ -172,8 +172,8 @@ class Parallel:
 
 
 def _replicas(t: torch.Tensor, world: int) -> int:
-    """How many processes hold each element of ``t``'s local shard (1 for a plain tensor held by
-    every process is wrong: plain tensors are counted ``world`` times and divided accordingly)."""
+    """How many processes hold each element of ``t``'s local shard: the sizes of its replicated mesh
+    dimensions for a DTensor; ``world`` for a plain tensor (every process holds all of it)."""
     if not isinstance(t, DTensor):
         return world
     n = 1
