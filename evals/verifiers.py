@@ -29,9 +29,22 @@ evaluated prompts; 1-shape scenes (162 distinct prompts, all of them among the e
 ones) therefore never occur in training. ``t2i_digits`` has no verifier: its prompts are the ten strings
 ``Draw the digit d.``, every one of them evaluated, so no training prompt could be held out.
 
+Speech generation (``tts_dtmf``, ``tts_digits``): the query asks for an utterance (``Query.output ==
+"audio"``, with the task's frame budget as ``max_new_tokens`` and, for ``tts_digits``, the speaker); the RL
+stage samples it through Next-Codec Prediction (``train.rollout_audio``) and hands the decoded waveform to
+:meth:`TaskVerifier.reward`, which scores it with the task's own judge through
+:meth:`evals.task.Task.score` (``tts_dtmf``: the exact Goertzel DTMF decoder; ``tts_digits``: the
+project's reference recogniser, ``evals.audio_judges``). The reward is per utterance ``1 - min(1, WER)``
+against the prompt's words (graded: one wrong key of four scores 0.75; a reward of 1 is an exact match).
+Training prompts are drawn as the task draws its prompts (``tts_dtmf``: 1-5 keys; ``tts_digits``: 1-4
+digit words, a random seen speaker) and are none of the first :data:`HELD_OUT` evaluated prompt texts
+(whatever their speaker), so the short prompts (every 1- and 2-key or 1- and 2-digit one) never occur in
+training.
+
 Supported tasks: the procedural families (``arith*``, ``copy_reverse``/``copy_l*``/``reverse_l*``,
 ``sort*``), ``t2i_shapes`` (images, judged), ``shapes_vqa_attr``, ``shapes_vqa_rel``, ``video_shapes``,
-``digit_vqa`` and ``video_digits`` (data root: MNIST train digits), ``asr_fsdd`` (data root: the seen
+``digit_vqa`` and ``video_digits`` (data root: MNIST train digits), ``tts_dtmf`` (speech, judged),
+``tts_digits`` (speech, judged; data root: FSDD for the recogniser), ``asr_fsdd`` (data root: the seen
 speakers' train recordings; the reward is ``1 - WER``), ``babi_qa1`` (data root, with the harness's
 few-shot prefix), ``gsm8k`` and ``svamp`` (data root, zero-shot prompts: the
 harness's few-shot prefix does not fit the small models' context).
@@ -48,7 +61,9 @@ from typing import Any
 import numpy as np
 
 from ernie5.data import shapes
-from ernie5.data.audio import fsdd_sequences
+from ernie5.data.audio import DIGIT_WORDS, FSDD_TRAIN_SPEAKERS, fsdd_sequences, normalize_text
+from ernie5.data.audio_sources import dial_prompt, say_prompt
+from ernie5.data.dtmf import DTMF_KEYS
 from ernie5.data.mnist import digit_image, mnist_split
 from ernie5.data.moving import DIRECTIONS, moving_digits_clip, moving_shape_clip
 from ernie5.data.procedural import STOP, generate
@@ -62,9 +77,9 @@ from ernie5.data.vision_sources import (
     shapes_prompt,
 )
 from evals.answers import match_choice
-from evals.api import GenerationRequest, GenerationResult, MediaPart, MediaResult
+from evals.api import GenerationRequest, GenerationResult, MediaPart, MediaResult, SpeechGenerationRequest
 from evals.task import TASKS, Example, Task
-from evals.tasks.audio import AsrFsdd, AudioExample
+from evals.tasks.audio import AsrFsdd, AudioExample, TtsDigits, TtsDtmf
 from evals.tasks.babi import BabiQA1
 from evals.tasks.babi import _prompt as babi_prompt
 from evals.tasks.math_word import STOP as MATH_STOP
@@ -106,10 +121,13 @@ class Query:
     """The reference response AHRL takes its hint prefix from."""
     example: Example = field(repr=False, compare=False)
     output: str = "text"
-    """What the response is: ``"text"``, or ``"image"`` (one image generated through NFSP; the reward is
-    computed on the decoded uint8 ``(1, H, W, 3)`` image)."""
+    """What the response is: ``"text"``, ``"image"`` (one image generated through NFSP; the reward is
+    computed on the decoded uint8 ``(1, H, W, 3)`` image) or ``"audio"`` (one utterance generated through
+    NCP, at most ``max_new_tokens`` frames; the reward is computed on the decoded float32 waveform)."""
     cfg_scale: float = 1.0
     """Classifier-free guidance scale of an image response (the harness's for the task)."""
+    speaker: str = ""
+    """The speaker of an audio response (a seen FSDD speaker's name; "" = the generic start)."""
 
 
 class VerifierError(ValueError):
@@ -154,13 +172,17 @@ class TaskVerifier:
                 BabiQA1,
                 AsrFsdd,
                 TextToImageShapes,
+                TtsDtmf,
+                TtsDigits,
             ),
         ):
             raise VerifierError(
                 f"rl task {name!r} has no verifier "
                 "(procedural, shapes_vqa_*, digit_vqa, video_shapes, video_digits, asr_fsdd, babi_qa1, "
-                "gsm8k, svamp and t2i_shapes have)"
+                "gsm8k, svamp, t2i_shapes, tts_dtmf and tts_digits have)"
             )
+        if isinstance(self.task, TtsDigits):
+            self.task._load_judge(data_dir)  # the reference recogniser its score transcribes with
         self.modality = self.task.modality
         evaluated = held.all_examples(data_dir)
         self._held_out = {self._key(ex) for ex in evaluated}
@@ -196,6 +218,16 @@ class TaskVerifier:
             caption = shapes.caption(scene)
             return MediaExample(
                 id=f"rl-{index}", prompt=shapes_prompt(caption), target=caption, info={"scene": scene}
+            )
+        if isinstance(task, TtsDtmf):  # as TtsDtmf.all_examples draws its key sequences
+            keys = "".join(rng.choice(DTMF_KEYS) for _ in range(rng.randint(1, 5)))
+            words = normalize_text(keys)
+            return AudioExample(id=f"rl-{index}", prompt=dial_prompt(words), target=words)
+        if isinstance(task, TtsDigits):  # as TtsDigits.all_examples draws its digit strings
+            words = " ".join(rng.choice(DIGIT_WORDS) for _ in range(rng.randint(1, 4)))
+            speaker = rng.choice(FSDD_TRAIN_SPEAKERS)
+            return AudioExample(
+                id=f"rl-{index}", prompt=say_prompt(words), target=words, info={"speaker": speaker}
             )
         if isinstance(task, _ShapesVQA):
             while True:
@@ -281,6 +313,23 @@ class TaskVerifier:
             # the harness's guidance scale for this task (its MediaGenerationRequest's)
             scale = task.options.cfg_scale
             return Query(self.name, ex.id, ex.prompt, self.modality, 0, (), "", ex, "image", scale)
+        if isinstance(task, (TtsDtmf, TtsDigits)):
+            # the harness's request for the prompt: its frame budget and speaker (its temperature is
+            # 0, argmax; RL samples at rollout.audio_temperature, train.rollout_audio)
+            (req,) = task.requests(ex)
+            assert isinstance(req, SpeechGenerationRequest)
+            return Query(
+                self.name,
+                ex.id,
+                req.prompt,
+                self.modality,
+                req.max_frames,
+                (),
+                "",
+                ex,
+                "audio",
+                speaker=req.speaker,
+            )
         if ex.choices:
             part = MediaPart("video" if ex.media.ndim == 4 else "image", ex.media)
             return Query(
@@ -311,14 +360,19 @@ class TaskVerifier:
     def reward(self, query: Query, text) -> float:
         """The task's per-example metric of ``text`` (cut at the query's stop strings), as a reward; for an
         image query, ``text`` is the decoded image (uint8 ``(1, H, W, 3)``) and the reward the mean of the
-        task's judged metrics (see the module docstring)."""
+        task's judged metrics; for an audio query, the decoded waveform (float32) and the reward
+        ``1 - min(1, WER)`` of what the task's judge hears (see the module docstring)."""
         ex = query.example
         if query.output == "image":
             scores = self.task.score(ex, [MediaResult(np.asarray(text))])
             return sum(float(v) for v in scores.values()) / len(scores)
         if ex.choices:
             return float(match_choice(text, ex.choices) == ex.gold)
-        scores = self.task.score(ex, [GenerationResult(text, 0)])
+        if query.output == "audio":
+            scores = self.task.score(ex, [MediaResult(np.asarray(text, dtype=np.float32))])
+            self.task.__dict__.get("_heard", {}).pop(ex.id, None)  # kept by score for describe_sample
+        else:
+            scores = self.task.score(ex, [GenerationResult(text, 0)])
         primary = next(iter(self.task.metrics))
         value = scores[primary]
         if isinstance(value, tuple):

@@ -42,6 +42,11 @@ Deviations:
      engine (NFSP with the task's guidance scale) and rewarded on the decoded image; its "tokens" are
      generated positions (``D`` bits each), learned in batches of their own (no routing replay), and its
      entropy is the positions' bit entropy summed over their bits (``image_bit_entropy``: per bit).
+     A query whose ``output`` is ``"audio"`` (``tts_dtmf``, ``tts_digits``) is rolled out by the speech
+     engine (NCP at ``rollout.audio_temperature``; the harness decodes argmax) and rewarded on the
+     decoded waveform by the task's judge (``1 - min(1, WER)``); its "tokens" are generated frames (and
+     END), learned in batches of their own (no routing replay), and its entropy is the frames' entropy
+     summed over their levels (``audio_level_entropy``: per level).
   5. Elastic sub-model sampling during RL is available (``elastic.enabled``) but off by default: on the
      shipped reference, 80 RL steps with it on moved no harness score, the same budget without it
      raised ``reverse_l8`` by 0.16; the nightly's sub-models are swept after RL instead, to measure
@@ -62,6 +67,7 @@ from typing import Any, Protocol
 import torch
 
 from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
+from ernie5.data.audio_sources import speaker_id
 from ernie5.fast import apply_fast_paths
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
@@ -91,6 +97,15 @@ from train.rl_objectives import (
     wpsm_mask,
 )
 from train.rollout import Prompt, RolloutEngine, rollout_document
+from train.rollout_audio import (
+    AudioLearnerBatch,
+    AudioPrompt,
+    AudioRolloutEngine,
+    audio_learner_batch,
+    audio_logprobs,
+    speech_prompt_ids,
+)
+from train.rollout_audio import decode_rollouts as decode_audio_rollouts
 from train.rollout_image import (
     ImageLearnerBatch,
     ImagePrompt,
@@ -164,7 +179,9 @@ class RLTrainer:
         self._queries: dict[int, Any] = {}
         self._prompts: dict[int, Prompt] = {}
         self._image_prompts: dict[int, ImagePrompt] = {}
+        self._audio_prompts: dict[int, AudioPrompt] = {}
         self.image_engine: ImageRolloutEngine | None = None
+        self.audio_engine: AudioRolloutEngine | None = None
 
     # ---------------------------------------------------------------- setup
     def _prepare_run_dir(self, resume: bool) -> Path | None:
@@ -249,6 +266,10 @@ class RLTrainer:
                 temperature=ro.temperature,
                 seed=cfg.rl.seed,
             )
+        if ckpt.model.audio is not None and ckpt.audio_codec is not None:
+            self.audio_engine = AudioRolloutEngine(
+                self.precision.compute, self._audio_prompt, temperature=ro.audio_temperature, seed=cfg.rl.seed
+            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.run_dir / "config.yaml", dump(cfg))
         meta = provenance(cfg.rl.seed)
@@ -292,10 +313,25 @@ class RLTrainer:
             self._prompts[r.query] = Prompt(doc, budget, tuple(query.stop))
         return self._prompts[r.query]
 
-    def _is_image(self, q: int) -> bool:
-        """Whether query ``q`` asks for an image (``Query.output``; a verifier's query without that field
-        asks for text)."""
-        return getattr(self._query(q)[1], "output", "text") == "image"
+    def _output(self, q: int) -> str:
+        """What query ``q`` asks for: ``text``, ``image`` or ``audio`` (``Query.output``; a verifier's query
+        without that field asks for text)."""
+        return getattr(self._query(q)[1], "output", "text")
+
+    def _audio_prompt(self, r: Rollout) -> AudioPrompt:
+        if r.query not in self._audio_prompts:
+            _, query = self._query(r.query)
+            name = getattr(query, "speaker", "")
+            spk = speaker_id(name) if name else -1
+            n_spk = self.cfg.model.audio.n_speakers
+            if name and not 0 <= spk < n_spk:
+                raise RunError(
+                    f"rl query {query.id}: speaker {name!r} is not one this model knows "
+                    f"({n_spk} speaker-embedding rows)"
+                )
+            ids = speech_prompt_ids(self.tokenizer, query.context)
+            self._audio_prompts[r.query] = AudioPrompt(ids, spk, query.max_new_tokens)
+        return self._audio_prompts[r.query]
 
     def _image_prompt(self, r: Rollout) -> ImagePrompt:
         if r.query not in self._image_prompts:
@@ -350,15 +386,21 @@ class RLTrainer:
     def _advance_on(
         self, rollouts: list[Rollout], budget: int, round_: int, subnet: Subnet
     ) -> tuple[int, int]:
-        """One round of both engines under one sub-model (text first; an image is generated whole)."""
-        text = [r for r in rollouts if not self._is_image(r.query)]
-        images = [r for r in rollouts if self._is_image(r.query)]
+        """One round of the engines under one sub-model (text first; an image or an utterance is generated
+        whole)."""
+        text = [r for r in rollouts if self._output(r.query) == "text"]
+        images = [r for r in rollouts if self._output(r.query) == "image"]
+        speech = [r for r in rollouts if self._output(r.query) == "audio"]
         steps = tokens = 0
         if text:
             steps, tokens = self.engine.advance(text, budget, round_, subnet, self.buffer.step)
         if images:
             assert self.image_engine is not None  # _setup checked the vision parts
             s, n = self.image_engine.advance(images, budget, round_, subnet, self.buffer.step)
+            steps, tokens = steps + s, tokens + n
+        if speech:
+            assert self.audio_engine is not None  # _setup checked the audio parts
+            s, n = self.audio_engine.advance(speech, budget, round_, subnet, self.buffer.step)
             steps, tokens = steps + s, tokens + n
         return steps, tokens
 
@@ -377,6 +419,7 @@ class RLTrainer:
         self._queries.clear()
         self._prompts.clear()
         self._image_prompts.clear()
+        self._audio_prompts.clear()
         return out
 
     def _pass_event(self, name: str, values: dict[int, float], seconds: float) -> dict:
@@ -395,12 +438,17 @@ class RLTrainer:
         }
 
     def _rewards(self, rows: list[Rollout]) -> list[float]:
-        """Each finished rollout's reward: its verifier on the response text, or on the decoded image."""
-        images = [r for r in rows if self._is_image(r.query)]
+        """Each finished rollout's reward: its verifier on the response text, the decoded image or the
+        decoded waveform."""
+        images = [r for r in rows if self._output(r.query) == "image"]
+        speech = [r for r in rows if self._output(r.query) == "audio"]
         decoded = {}
         if images:
             pixels = decode_rollouts(self.ckpt.vision_tokenizer, self.cfg.model.vision, images)
             decoded = {id(r): pixels[k] for k, r in enumerate(images)}
+        if speech:
+            waves = decode_audio_rollouts(self.ckpt.audio_codec, self.cfg.model.audio, speech)
+            decoded.update({id(r): waves[k] for k, r in enumerate(speech)})
         out = []
         for r in rows:
             task, query = self._query(r.query)
@@ -437,13 +485,21 @@ class RLTrainer:
         prompts = [self._image_prompt(r) for r in rows]
         return image_learner_batch(rows, prompts, self.ckpt.vision_tokenizer, self.cfg.model.vision)
 
+    def _audio_batch(self, rows: list[Rollout]) -> AudioLearnerBatch:
+        prompts = [self._audio_prompt(r) for r in rows]
+        return audio_learner_batch(rows, prompts, self.cfg.model.audio)
+
     def _logprobs(
-        self, batch: LearnerBatch | ImageLearnerBatch, subnet: Subnet
+        self, batch: LearnerBatch | ImageLearnerBatch | AudioLearnerBatch, subnet: Subnet
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs (with grad when enabled) and entropies of the response tokens (of an
-        image: per generated position, summed over its bits)."""
+        image: per generated position, summed over its bits; of speech: per frame, summed over its
+        levels)."""
         if isinstance(batch, ImageLearnerBatch):
             return image_logprobs(self.precision.compute, batch, subnet, self.cfg.rollout.temperature)
+        if isinstance(batch, AudioLearnerBatch):
+            temperature, end_code = self.cfg.rollout.audio_temperature, self.cfg.model.audio.end_code
+            return audio_logprobs(self.precision.compute, batch, subnet, temperature, end_code)
         kwargs = {"routing_replay": batch.routing} if batch.routing is not None else {}
         out = self.precision.compute(batch.inputs, subnet=subnet, **kwargs)
         rows = torch.arange(batch.pos_BT.shape[0])[:, None]
@@ -499,17 +555,19 @@ class RLTrainer:
         # One learner batch per (minibatch, sub-model, output): it gives the log-probs at the rollout
         # weights first, then the gradient of its optimizer step.
         n_mb = min(obj.minibatches, len(rows))
-        image_B = [self._is_image(r.query) for r in rows]
+        output_B = [self._output(r.query) for r in rows]
         chunks = []  # (minibatch, sub-model key, row indices, batch)
         for mb in range(n_mb):
             for key, idx in parts.items():
-                for image in (False, True):
-                    rows_idx = [k for k in idx if k % n_mb == mb and image_B[k] == image]
+                for output in ("text", "image", "audio"):
+                    rows_idx = [k for k in idx if k % n_mb == mb and output_B[k] == output]
                     if not rows_idx:
                         continue
                     sel = [rows[k] for k in rows_idx]
-                    if image:
+                    if output == "image":
                         batch = self._image_batch(sel)
+                    elif output == "audio":
+                        batch = self._audio_batch(sel)
                     else:
                         batch = self._learner_batch(sel, obj.routing_replay)
                     chunks.append((mb, key, rows_idx, batch))
@@ -593,7 +651,7 @@ class RLTrainer:
         for k, r in enumerate(rows):
             task, _ = self._query(r.query)
             mod = self.verifiers[task].modality
-            output = "image" if image_B[k] else "text"
+            output = output_B[k]
             for table, name in ((by_task, task), (by_mod, mod), (by_out, output)):
                 table[name].append(float(reward_B[k]))
             for table, name in ((ent_task, task), (ent_mod, mod), (ent_out, output)):
@@ -609,9 +667,11 @@ class RLTrainer:
         rec["entropy_by_task"] = means(ent_task)
         rec["reward_by_output"] = means(by_out)
         rec["entropy_by_output"] = means(ent_out)
-        if any(image_B):
+        if "image" in output_B:
             bits = self.cfg.model.vision.latent_bits
             rec["image_bit_entropy"] = rec["entropy_by_output"]["image"] / bits
+        if "audio" in output_B:
+            rec["audio_level_entropy"] = rec["entropy_by_output"]["audio"] / self.cfg.model.audio.n_levels
         rec["by_subnet"] = {
             key: {**dims_of[key], "n": len(idx), "reward": float(reward_B[idx].mean())}
             for key, idx in sorted(parts.items())
@@ -620,6 +680,7 @@ class RLTrainer:
             self._queries.pop(q, None)
             self._prompts.pop(q, None)
             self._image_prompts.pop(q, None)
+            self._audio_prompts.pop(q, None)
         return rec
 
     # ---------------------------------------------------------------- loop

@@ -35,7 +35,12 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature of the behaviour policy (its log-probs are taken at this temperature)."""
     max_new_tokens: int = 0
-    """Cap on response tokens (0 = each task's own generation budget)."""
+    """Cap on text response tokens (0 = each task's own generation budget); images and speech are
+    generated whole (speech within its task's frame budget)."""
+    audio_temperature: float = 1.0
+    """Sampling temperature of speech rollouts (its log-probs are taken at it). The TTS tasks' harness
+    decodes argmax (temperature 0), which has no log-probs: RL trains the sampled distribution at this
+    temperature, over every code (no top-k), and the sweep scores its argmax (train.rollout_audio)."""
     image_cfg_scale: float = -1.0
     """Guidance scale of image rollouts (< 0: each image task's own, the scale the harness samples with)."""
     pool_size: int = 0
@@ -49,6 +54,11 @@ class RolloutConfig:
         check(self.over_provision >= 1, f"over_provision={self.over_provision} must be >= 1")
         check(self.chunk >= 1, f"chunk={self.chunk} must be >= 1")
         check(self.temperature > 0, f"temperature={self.temperature} must be > 0 (sampling)")
+        check(
+            self.audio_temperature > 0,
+            f"audio_temperature={self.audio_temperature} must be > 0 (sampling; the harness's argmax "
+            "has no log-probs)",
+        )
         check(self.max_new_tokens >= 0, f"max_new_tokens={self.max_new_tokens} must be >= 0")
         check(self.pool_size >= 0, f"pool_size={self.pool_size} must be >= 0")
 

@@ -8,6 +8,10 @@ levels of the next frame one after another, each code's embedding added to the h
 the next layer (:mod:`ernie5.model.audio`), so all ``Q`` codes of a frame come out of one forward.
 A row stops when level 1 picks END (or after ``max_frames``).
 
+The loop (:func:`sample_frames`) takes the draw as a callback: the harness's :func:`generate_audio`
+draws with :func:`ncp_logits` and :func:`draw_codes`; the RL rollouts (``train.rollout_audio``) make the
+same draws and keep each code's log-prob.
+
 References:
   * ERNIE 5.0 Technical Report (arXiv 2602.04705) §2.3.2 (NCP, audio heads in the top layers);
     DnD-Transformer (arXiv 2410.01912).
@@ -15,6 +19,7 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -47,20 +52,33 @@ def speech_prompt(prefix: list[Segment], n_levels: int, speaker: int = -1) -> li
     return [*prefix, text_segment([BOA], loss=False), Segment("audio", audio=start)]
 
 
-def _sampler(sampling: AudioSampling, end_code: int, n_done: torch.Tensor, gen: torch.Generator):
-    def pick(level: int, logits_PK: torch.Tensor) -> torch.Tensor:
-        logits = logits_PK.float().clone()
-        if level == 0:
-            logits[n_done < sampling.min_frames, end_code] = float("-inf")
-        if sampling.temperature <= 0:
-            return logits.argmax(dim=-1)
-        if 0 < sampling.top_k < logits.shape[-1]:
-            kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits / sampling.temperature, dim=-1)
-        return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+def ncp_logits(
+    level: int, logits_PK: torch.Tensor, n_done_P: torch.Tensor, sampling: AudioSampling, end_code: int
+) -> torch.Tensor:
+    """The logits a level's code is drawn from: float, END (level 1 only) at ``-inf`` for rows with fewer
+    than ``min_frames`` frames so far, and, with ``top_k``, every code below the ``top_k``-th at ``-inf``.
+    Sampling is ``softmax(ncp_logits / temperature)``; the RL rollouts take their log-probs from it."""
+    logits = logits_PK.float().clone()
+    if level == 0:
+        logits[n_done_P.to(logits.device) < sampling.min_frames, end_code] = float("-inf")
+    if sampling.temperature > 0 and 0 < sampling.top_k < logits.shape[-1]:
+        kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits
 
-    return pick
+
+def draw_codes(logits_PK: torch.Tensor, sampling: AudioSampling, gen: torch.Generator) -> torch.Tensor:
+    """One code per row from :func:`ncp_logits`' output: the argmax at temperature 0, else a draw from
+    ``softmax(logits / temperature)`` with ``gen`` (on the CPU, one multinomial call per level)."""
+    if sampling.temperature <= 0:
+        return logits_PK.argmax(dim=-1)
+    probs = torch.softmax(logits_PK / sampling.temperature, dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits_PK.device)
+
+
+Pick = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(level, logits_PK, n_done_P) -> codes_P``: how a level's codes are chosen from the head's logits
+(``n_done_P``: each row's frames so far, on the CPU)."""
 
 
 @torch.inference_mode()
@@ -77,6 +95,34 @@ def generate_audio(
     """
     if model.audio is None:
         raise ValueError("this model has no audio module (model.audio.enabled is false)")
+    end_code = model.cfg.audio.end_code
+    gen = torch.Generator(device="cpu").manual_seed(sampling.seed)
+
+    def pick(level: int, logits_PK: torch.Tensor, n_done_P: torch.Tensor) -> torch.Tensor:
+        return draw_codes(ncp_logits(level, logits_PK, n_done_P, sampling, end_code), sampling, gen)
+
+    codes, _ = sample_frames(model, prompts, sampling.max_frames, pick, subnet=subnet)
+    return codes
+
+
+def sample_frames(
+    model: Ernie5Model,
+    prompts: list[list[Segment]],
+    max_frames: int,
+    pick: Pick,
+    *,
+    subnet: Subnet | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The NCP sampling loop: prefill the prompt documents (one per row, each ending with an audio start
+    position), then one KV-cache forward per frame, ``pick`` choosing every level of the frame in turn
+    (level 1 first; END there ends the row). Every row is fed until all rows ended or ``max_frames``
+    frames were sampled; ``pick`` may record what it drew (the RL rollouts keep the log-probs): its
+    ``j``-th call for a level is the forward that predicts frame ``j + 1`` (or END).
+
+    Returns each row's ``(n_frames, Q)`` codes (END not included) and whether it ended with END ``(N,)``.
+    """
+    if model.audio is None:
+        raise ValueError("this model has no audio module (model.audio.enabled is false)")
     ac = model.cfg.audio
     for p in prompts:
         last = p[-1] if p else None
@@ -86,10 +132,10 @@ def generate_audio(
     b = len(prompts)
     lens = [sum(len(s) for s in p) for p in prompts]
     t0 = max(lens)
-    total = t0 + sampling.max_frames
+    total = t0 + max_frames
     if total > model.cfg.max_seq_len:
         raise ValueError(
-            f"prompt ({t0}) + max_frames ({sampling.max_frames}) exceeds max_seq_len={model.cfg.max_seq_len}"
+            f"prompt ({t0}) + max_frames ({max_frames}) exceeds max_seq_len={model.cfg.max_seq_len}"
         )
     inputs = pack(prompts, t0, n_rows=b, one_per_row=True).inputs.to(device)
     rows, last = torch.arange(b), torch.tensor(lens) - 1
@@ -97,22 +143,26 @@ def generate_audio(
     pred[rows, last] = True
     inputs.audio = replace(inputs.audio, targets_PQ=None, pred_mask_BT=pred)
     n_done = torch.zeros(b, dtype=torch.long)
-    gen = torch.Generator(device="cpu").manual_seed(sampling.seed)
-    pick = _sampler(sampling, ac.end_code, n_done, gen)
+
+    def sampler(level: int, logits_PK: torch.Tensor) -> torch.Tensor:
+        return pick(level, logits_PK, n_done)
+
     cache = model.new_cache(b, total)
-    out = model(inputs, audio_sampler=pick, subnet=subnet, cache=cache, return_logits=False)
+    out = model(inputs, audio_sampler=sampler, subnet=subnet, cache=cache, return_logits=False)
     next_pos = inputs.positions_3BT.amax(dim=0)[rows, last] + 1
     frames: list[list[torch.Tensor]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool)
+    ended_any = torch.zeros(b, dtype=torch.bool)
     codes = out.audio_codes_PQ.cpu()
-    for step in range(sampling.max_frames):
+    for step in range(max_frames):
         ended = codes[:, 0] == ac.end_code
         for r in range(b):
             if not done[r] and not ended[r]:
                 frames[r].append(codes[r])
+        ended_any |= ended & ~done
         done |= ended
         n_done += (~done).long()
-        if bool(done.all()) or step == sampling.max_frames - 1:
+        if bool(done.all()) or step == max_frames - 1:
             break
         inp = torch.where(ended[:, None], torch.zeros_like(codes), codes).to(device)
         ones = torch.ones(b, 1, dtype=torch.bool, device=device)
@@ -123,8 +173,9 @@ def generate_audio(
             block_ids_BT=torch.full((b, 1), cache.length, device=device),
             audio=AudioInputs(inp, ones, None, None, None, ones),
         )
-        out = model(step_inputs, audio_sampler=pick, subnet=subnet, cache=cache, return_logits=False)
+        out = model(step_inputs, audio_sampler=sampler, subnet=subnet, cache=cache, return_logits=False)
         next_pos = next_pos + 1
         codes = out.audio_codes_PQ.cpu()
     q = ac.n_levels
-    return [torch.stack(f) if f else torch.zeros(0, q, dtype=torch.long) for f in frames]
+    codes_out = [torch.stack(f) if f else torch.zeros(0, q, dtype=torch.long) for f in frames]
+    return codes_out, ended_any
