@@ -258,7 +258,9 @@ def heldout_loss(
 ) -> dict:
     """Mean next-token loss of each sub-model of ``checkpoint`` on ``val_batches`` fixed batches.
 
-    Returns ``{"tokenizer": hash, "subnets": {spec: {"identity", "batches": [loss per batch], "mean"}}}``;
+    Returns ``{"tokenizer": hash, "subnets": {spec: {"identity", "batches": [loss per batch], "mean"}}}``
+    (a multimodal model adds ``vision_batches`` (NFSP bit BCE) and ``audio_batches`` (NCP cross-entropy),
+    ``None`` for a batch without such rows);
     the batches are the same for every checkpoint with the same tokenizer, so arms pair batch by batch."""
     ckpt = load_checkpoint(resolve_checkpoint(checkpoint))
     subnets = resolve_specs(specs, ckpt, data_dir)
@@ -276,7 +278,7 @@ def heldout_loss(
     model = ckpt.model.eval()
     out = {}
     for spec, sub in zip(specs, subnets):
-        losses = []
+        losses, parts = [], {"vision": [], "audio": []}
         for b in batches:
             res = model(
                 b.inputs,
@@ -285,10 +287,14 @@ def heldout_loss(
                 return_logits=False,
             )
             losses.append(float(res.losses.text))
+            for part in parts:  # the media generation losses (None when no batch row generates media)
+                value = getattr(res.losses, part)
+                parts[part].append(None if value is None else float(value))
         out[spec] = {
             "identity": subnet_identity(sub),
             "batches": losses,
             "mean": sum(losses) / len(losses),
+            **{f"{part}_batches": v for part, v in parts.items() if any(x is not None for x in v)},
         }
     tok = (ckpt.path / "tokenizer.json").read_bytes() if (ckpt.path / "tokenizer.json").is_file() else b""
     return {"checkpoint": str(ckpt.path), "tokenizer": hashlib.sha256(tok).hexdigest()[:16], "subnets": out}

@@ -101,10 +101,11 @@ class DataConfig:
     tokenizer_chars: int = 2_000_000
     """Characters of training text the BPE tokenizer is trained on."""
     vision_tokenizer: str = ""
-    """Folder of the frozen vision tokenizer (``ernie5 train-vision-tokenizer``); needed by media sources."""
+    """Folder of the frozen vision tokenizer (``ernie5 train-vision-tokenizer``), or a checkpoint whose
+    tokenizer to reuse (``reference`` = the shipped one; a checkpoint folder); needed by media sources."""
     audio_codec: str = ""
-    """Folder of the frozen audio codec (``ernie5 train-audio-codec`` writes DIR/codec); needed by audio
-    sources."""
+    """Folder of the frozen audio codec (``ernie5 train-audio-codec`` writes DIR/codec), or a checkpoint
+    whose codec to reuse (``reference``; a checkpoint folder); needed by audio sources."""
     refiner: str = ""
     """Folder of a trained cascaded refiner (``ernie5 train-refiner``) shipped in every checkpoint."""
     cfg_dropout: float = 0.1

@@ -601,6 +601,25 @@ def _load_vision_tokenizer(path: Path, cfg: ModelConfig, device) -> Any:
     return tok.to(device).eval().requires_grad_(False)
 
 
+def load_media_part(path: str | Path, part: str, cfg: ModelConfig, device: str = "cpu") -> Any:
+    """One frozen media part (``"vision_tokenizer"`` or ``"audio_codec"``) of the checkpoint ``path``
+    names (a shipped name such as ``reference``, a checkpoint folder, or a run folder), checked against
+    ``cfg``: how a training run reuses the tokenizer and codec a checkpoint carries
+    (``data.vision_tokenizer: reference``).
+
+    Raises:
+        CheckpointError: no such checkpoint, the checkpoint has no such part, or it does not fit ``cfg``.
+    """
+    loaders = {"vision_tokenizer": _load_vision_tokenizer, "audio_codec": _load_audio_codec}
+    if part not in loaders:
+        raise ValueError(f"unknown media part {part!r} (expected one of {sorted(loaders)})")
+    folder = resolve_checkpoint(path)
+    files = VISION_TOKENIZER_FILES if part == "vision_tokenizer" else AUDIO_CODEC_FILES
+    if not all((folder / name).is_file() for name in files):
+        raise CheckpointError(f"{folder}: the checkpoint carries no {part.replace('_', ' ')}")
+    return loaders[part](folder, cfg, device)
+
+
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     """Where a run keeps the checkpoint of ``step``: ``run_dir/checkpoints/step_XXXXXXXX``."""
     return Path(run_dir) / "checkpoints" / f"step_{step:08d}"

@@ -3,7 +3,9 @@ killed (``kill -9``) mid-training that continues to the same results as an unint
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -67,6 +69,30 @@ def test_the_study_presets_load_and_their_static_arms_have_the_sub_models_shapes
         == arms["static-d0.75-w0.5-k0.5"].model
     )
     assert rec.train.init_from == str(ROOT / "x") and rec.train.steps == cfg.recovery_steps
+
+
+def test_the_multimodal_study_trains_the_reference_recipe_and_measures_each_modalitys_loss():
+    """``study_mm``: the reference shape and mixture with the shipped tokenizer and codec; the held-out
+    loss of a multimodal checkpoint carries the image (NFSP) and audio (NCP) generation losses per
+    batch beside the next-token loss, paired batch by batch across arms."""
+    from jobs.elastic_study import heldout_loss, run_config
+    cfg = load_study_config("study_mm")
+    run = run_config(cfg)
+    assert run.model.vision.enabled and run.model.audio.enabled and run.train.steps == cfg.steps
+    assert (run.data.vision_tokenizer, run.data.audio_codec) == ("reference", "reference")
+    assert {"shapes", "dtmf", "fsdd", "procedural"} <= set(run.data.sources)
+    suite = yaml.safe_load((ROOT / "suites" / f"{cfg.suite}.yaml").read_text())
+    assert {"digit_vqa", "video_shapes", "speaker_id", "arith_d1"} <= {t["task"] for t in suite["tasks"]}
+    small = dataclasses.replace(run, data=dataclasses.replace(run.data, batch_size=2))
+    two = dataclasses.replace(cfg, val_batches=2)
+    out = heldout_loss(ROOT / "ernie5" / "reference", ["full", "k1"], small, None, two)
+    for spec in ("full", "k1"):
+        rec = out["subnets"][spec]
+        assert len(rec["batches"]) == 2 and all(math.isfinite(x) for x in rec["batches"])
+        media = [x for k in ("vision_batches", "audio_batches") for x in rec.get(k, []) if x is not None]
+        assert media and all(math.isfinite(x) and x > 0 for x in media)
+    again = heldout_loss(ROOT / "ernie5" / "reference", ["full"], small, None, two)
+    assert again["subnets"]["full"] == out["subnets"]["full"]
 
 
 def test_deploy_selections_of_each_shape():

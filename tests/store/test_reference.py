@@ -77,3 +77,34 @@ def test_the_reference_computes_its_golden_forward():
     lines = golden.check_golden(reference, GOLDEN_FILE)
     if lines:
         pytest.fail("\n  ".join([RETRAIN, *lines]), pytrace=False)
+
+
+def test_a_run_can_reuse_the_references_tokenizer_and_codec():
+    """``data.vision_tokenizer: reference`` / ``data.audio_codec: reference`` (the multimodal study's
+    preset): the parts come out of the shipped checkpoint, identical to what the checkpoint loads."""
+    from ernie5.store.checkpoint import load_media_part
+
+    reference = _reference()
+    tok = load_media_part("reference", "vision_tokenizer", reference.cfg)
+    codec = load_media_part("reference", "audio_codec", reference.cfg)
+    for got, want in ((tok, reference.vision_tokenizer), (codec, reference.audio_codec)):
+        assert type(got) is type(want) and not got.training
+        for (name, a), (_, b) in zip(got.state_dict().items(), want.state_dict().items(), strict=True):
+            assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="unknown media part 'refiner'"):
+        load_media_part("reference", "refiner", reference.cfg)
+
+
+def test_a_media_part_that_does_not_fit_or_is_missing_is_a_one_line_error(tmp_path):
+    import dataclasses
+
+    from ernie5.store.checkpoint import load_media_part
+
+    reference = _reference()
+    other = dataclasses.replace(
+        reference.cfg, audio=dataclasses.replace(reference.cfg.audio, codebook_size=7)
+    )
+    with pytest.raises(CheckpointError, match=r"does not fit model\.audio"):
+        load_media_part("reference", "audio_codec", other)
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        load_media_part(tmp_path, "vision_tokenizer", reference.cfg)

@@ -156,3 +156,34 @@ def test_media_understanding_out_of_range_is_a_config_error():
 
     with pytest.raises((ConfigError, ValueError), match="media_understanding"):
         DataConfig(media_understanding=1.5)
+
+
+def test_a_run_reuses_a_checkpoints_tokenizer_and_codec(tmp_path):
+    """``data.vision_tokenizer``/``data.audio_codec`` may name a checkpoint (``reference``, the shipped
+    one): the run trains with its frozen parts and ships them unchanged; a part that does not fit the
+    model is a one-line error naming the key."""
+    from ernie5.store.checkpoint import resolve_checkpoint
+
+    def cfg(*extra):
+        return load(
+            RunConfig,
+            resolve_config_path("reference"),
+            [
+                "data.vision_tokenizer=reference",
+                "data.audio_codec=reference",
+                "data.batch_size=1",
+                "data.tokenizer_chars=20000",
+                "data.sources={procedural: 0.4, shapes: 0.3, dtmf: 0.3}",
+                "train.steps=2",
+                "train.ckpt_every=2",
+                *extra,
+            ],
+        )
+
+    out = tmp_path / "run"
+    pretrain(cfg(), out, quiet=True)
+    got, ref = load_checkpoint(checkpoint_dirs(out)[-1]), load_checkpoint(resolve_checkpoint("reference"))
+    for a, b in ((got.vision_tokenizer, ref.vision_tokenizer), (got.audio_codec, ref.audio_codec)):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    with pytest.raises(RunError, match=r"data\.vision_tokenizer='reference': .*does not fit"):
+        pretrain(cfg("model.vision.cnn_channels=32"), tmp_path / "x", quiet=True)
