@@ -76,6 +76,7 @@ def test_the_multimodal_study_trains_the_reference_recipe_and_measures_each_moda
     loss of a multimodal checkpoint carries the image (NFSP) and audio (NCP) generation losses per
     batch beside the next-token loss, paired batch by batch across arms."""
     from jobs.elastic_study import heldout_loss, run_config
+
     cfg = load_study_config("study_mm")
     run = run_config(cfg)
     assert run.model.vision.enabled and run.model.audio.enabled and run.train.steps == cfg.steps
