@@ -120,3 +120,74 @@ def test_kill_9_at_a_random_moment_then_resume_matches_a_straight_run(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert _losses(killed) == _losses(straight)
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_launched_with_the_multi_node_config_equal_one_process(tmp_path):
+    """The README's several-node launch (``launch/multi_node.yaml``), as two "nodes" of one CPU process
+    each on this machine (node ranks 0 and 1, rendezvous at 127.0.0.1), with the experts split over the
+    nodes (``train.parallel.ep=2``): the same losses as one process accumulating both nodes' batches."""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    config = Path(__file__).resolve().parents[2] / "launch" / "multi_node.yaml"
+    run, port = tmp_path / "run", str(_free_port())
+    steps = ["--set", "train.steps=6", "--set", "train.parallel.ep=2"]
+    nodes = [
+        subprocess.Popen(
+            [
+                str(accelerate),
+                "launch",
+                "--config_file",
+                str(config),
+                "--machine_rank",
+                str(rank),
+                "--num_machines",
+                "2",
+                "--num_processes",
+                "2",
+                "--main_process_ip",
+                "127.0.0.1",
+                "--main_process_port",
+                port,
+                "-m",
+                "jobs.cli",
+                "train",
+                "--out",
+                str(run),
+                *COMMON,
+                *steps,
+            ],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        for rank in (0, 1)
+    ]
+    for rank, node in enumerate(nodes):
+        _, err = node.communicate(timeout=600)
+        assert node.returncode == 0, f"node {rank}: {err[-2000:]}"
+    assert json.loads((run / "meta.json").read_text())["world_size"] == 2
+    single = tmp_path / "single"
+    r = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "train", "--out", str(single), *COMMON, "--set", "train.steps=6"]
+        + ["--set", "train.grad_accum=2", "--set", "train.parallel.subnet_group=2"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = _losses(run), _losses(single)
+    assert len(a) == len(b) == 6
+    assert a == pytest.approx(b, rel=1e-5)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["a2a_bytes_per_step"] > 0 for r in recs)  # tokens crossed the nodes to their experts
