@@ -11,7 +11,7 @@ import pytest
 from ernie5.store.runs import write_json
 from reports.elastic_study import FAMILIES, Study, ratio_ci, write_report
 from reports.load import ReportError
-from tests.reports.conftest import write_run
+from tests.reports.conftest import STRENGTH, TASKS, write_run
 
 SHAPES = {
     "d0.75": {"default": "d0.75", "importance": "d0.75-Limportance"},
@@ -118,3 +118,154 @@ def test_ratio_interval_and_a_folder_that_is_not_a_study(tmp_path):
     assert (r, lo, hi) == (1.0, 1.0, 1.0)
     with pytest.raises(ReportError, match="not an elastic study folder"):
         Study(tmp_path)
+
+
+# ---------------------------------------------------------------------------- a multimodal study
+MM_SHAPES = {
+    "d0.75": {"default": "d0.75", "importance": "d0.75-Limportance", "random:1": "d0.75-Lrandom1"},
+    "w0.5": {"default": "w0.5"},
+}
+PLANTED = {  # family -> shape -> the quality each modality keeps (1.0 = the static full model's)
+    "elastic": {
+        "w0.5": {"text": 0.75, "image": 1.0, "audio": 1.0},
+        "d0.75": {"text": 0.7, "image": 0.97, "audio": 0.97},
+    },
+    "static": {
+        "w0.5": {"text": 1.0, "image": 1.0, "audio": 0.75},
+        "d0.75": {"text": 1.0, "image": 1.0, "audio": 0.7},
+    },
+    "pruned": {
+        "w0.5": {"text": 1.0, "image": 0.75, "audio": 1.0},
+        "d0.75": {"text": 0.98, "image": 0.7, "audio": 0.98},
+    },
+    "pruned+rec": {s: {"text": 1.0, "image": 1.0, "audio": 1.0} for s in MM_SHAPES},
+}
+"""The first modality to give way: text for the elastic family, audio for the static models, image
+for the pruned ones; none for the recovered ones."""
+
+
+def _planted(subnet: str, keeps: dict[str, float]) -> dict[tuple[str, str], float]:
+    """``write_run`` shifts that make ``subnet`` keep ``keeps`` of each modality's quality."""
+    return {(subnet, t): keeps[spec[0]] / STRENGTH[subnet][spec[0]] for t, spec in TASKS.items()}
+
+
+@pytest.fixture(scope="module")
+def mm_study(tmp_path_factory):
+    """Text, image and audio tasks (video skipped, the EA sub-model's audio unit failed) and a task
+    named ``<script>...``; the planted per-family modality gaps of :data:`PLANTED`; the synthetic
+    routing keeps text on experts apart from image and audio, which share experts in the last layer."""
+    root = tmp_path_factory.mktemp("elastic_mm") / "study"
+    sweeps = root / "sweeps"
+    elastic = {
+        **_planted("w0.5", PLANTED["elastic"]["w0.5"]),
+        **_planted("d0.75", PLANTED["elastic"]["d0.75"]),
+    }
+    elastic.update(_planted("full", {"text": 1.0, "image": 1.0, "audio": 1.0}))
+    write_run(sweeps, "elastic", baseline=True, hostile=True, shift=elastic)
+    pruned = {**_planted("w0.5", PLANTED["pruned"]["w0.5"]), **_planted("d0.75", PLANTED["pruned"]["d0.75"])}
+    write_run(sweeps, "static", baseline=True, hostile=True, shift=pruned)
+    for shape in MM_SHAPES:
+        write_run(sweeps, f"static-{shape}", hostile=True, shift=_planted("full", PLANTED["static"][shape]))
+        write_run(
+            sweeps, f"recover-{shape}", hostile=True, shift=_planted("full", PLANTED["pruned+rec"][shape])
+        )
+        _loss_file(root, f"static-{shape}", {"full": 3.1})
+        _loss_file(root, f"recover-{shape}", {"full": 3.05})
+    specs = {"full": 3.0, "d0.75": 3.2, "d0.75-Limportance": 3.15, "d0.75-Lrandom1": 3.25, "w0.5": 3.1}
+    _loss_file(root, "elastic", specs)
+    _loss_file(root, "static", {k: v + 0.1 * (k != "full") for k, v in specs.items()})
+    write_json(
+        root / "study.json",
+        {
+            "config": {
+                "base": "micro",
+                "overrides": [],
+                "steps": 10,
+                "recovery_steps": 2,
+                "suite": "mm",
+                "val_batches": 16,
+            },
+            "shapes": MM_SHAPES,
+            "specs": list(specs),
+            "tokens_per_step": 512,
+            "recovery_tokens": 1024,
+            "provenance": {
+                "argv": ["/venv/bin/ernie5", "study", "elastic", "--config", "mm.yaml", "--out", "x"]
+            },
+            "units": {
+                "train/elastic": {"key": "k", "wall_s": 60.0},
+                "sweep/elastic": {"key": "k", "wall_s": 6.0},
+            },
+        },
+    )
+    write_report(root)
+    return root
+
+
+def test_the_seesaw_per_family_finds_the_planted_modality_that_gives_way_first(mm_study):
+    summary = json.loads((mm_study / "summary.json").read_text())
+    assert summary["seesaw_by"] == "modality"
+    order = {}
+    for r in summary["seesaw_order"]:
+        order.setdefault(r["family"], []).append(r)
+    first = {family: rows[0] for family, rows in order.items()}
+    assert {f: r["modality"] for f, r in first.items() if r["crosses_at"]} == {
+        "elastic": "text",
+        "static": "audio",
+        "pruned": "image",
+    }
+    assert first["static"]["crosses_at"] == first["pruned"]["crosses_at"] == "w0.5"  # the most active shape
+    assert first["pruned+rec"]["crosses_at"] == ""
+    # the seesaw index of the static d0.75 model: audio worst, well apart from the best (interval above 0)
+    idx = {(r["family"], r["subnet"]): r for r in summary["seesaw_index"]}
+    static = idx[("static", "d0.75")]
+    assert static["worst"] == "audio" and 0 < static["ci_low"] < static["seesaw_index"] < static["ci_high"]
+    assert idx[("pruned", "w0.5")]["worst"] == "image"
+    # the main table has every modality's score with its interval; the video task was skipped everywhere
+    main = {(r["shape"], r["family"]): r for r in summary["main"]}
+    row = main[("d0.75", "static")]
+    assert row["score_audio_ci_high"] < 0.95 < row["score_text_ci_high"]
+    assert row["score_text"] == pytest.approx(1.0) and "score_video" not in row
+    for path, bold in ((mm_study / "report.md", "**{}**"), (mm_study / "report.html", "<strong>{}</strong>")):
+        text = path.read_text()
+        for family, modality in (("elastic", "text"), ("static", "audio"), ("pruned", "image")):
+            assert f"Seesaw, {family} family: {bold.format(modality)} gives way first" in text, (path, family)
+        assert "Seesaw, pruned+rec family: no modality falls below 95 % retention" in text
+
+
+def test_routing_by_modality_names_the_planted_separation(mm_study):
+    summary = json.loads((mm_study / "summary.json").read_text())
+    rows = {(r["family"], r["row"]): r for r in summary["routing_rows"]}
+    full = rows[("elastic", "full")]
+    assert full["most_shared"] == "audio / image" and "text" in full["most_separated"]
+    assert full["most_separated_iou"] < full["most_shared_iou"]
+    assert {"entropy_text", "entropy_image", "entropy_audio"} <= set(full)
+    assert ("static", "d0.75") in rows and ("pruned+rec", "w0.5") in rows  # the other families' models
+    html = (mm_study / "report.html").read_text()
+    assert "Routing, elastic full model: in the last MoE layer <strong>" in html
+    assert "Top-25 % IoU between modalities per layer" in html
+
+
+def test_the_html_page_is_self_contained_escaped_and_complete(mm_study):
+    html = (mm_study / "report.html").read_text()
+    md = (mm_study / "report.md").read_text()
+    assert "Content-Security-Policy" in html and 'src="http' not in html
+    # loss plot, family retention, then the elastic full model's frequency, IoU and entropy figures
+    assert html.count('<img src="data:image/png;base64,') == 2 + 3
+    assert "&lt;script&gt;alert(1)" in html and "<script>alert" not in html
+    assert "<script>" not in md.replace("\\<script\\>", "")
+    for anchor in (
+        "overview",
+        "cost",
+        "shapes",
+        "tables",
+        "selection",
+        "seesaw",
+        "routing",
+        "tasks",
+        "units",
+    ):
+        assert f'<section id="{anchor}">' in html
+    assert "ernie5 study elastic --config mm.yaml --out x" in html and "ernie5 study elastic" in md
+    assert "audio score [95% CI]" in html and "decode tok/s [IQR]" in html
+    assert '<span class="badge b-ok">holds</span>' in html  # the verdict matrix
