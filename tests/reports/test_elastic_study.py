@@ -1,14 +1,20 @@
-"""The elastic study's report on a synthetic study folder: planted loss gaps give the planted verdicts,
-rows of the four families sit side by side, the seesaw and routing tables come from the sweeps."""
+"""The elastic study's report on synthetic study folders: planted loss gaps give the planted verdicts,
+rows of the four families sit side by side, the seesaw and routing tables come from the sweeps; in a
+multimodal study the planted modality that gives way first in each family is named in report.md and
+report.html, routing is summarised by modality, and the page is escaped, self-contained and renders."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from ernie5.store.runs import write_json
+from reports import seesaw, study_modality
+from reports.browser import check_page, find_chromium
 from reports.elastic_study import FAMILIES, Study, ratio_ci, write_report
 from reports.load import ReportError
 from tests.reports.conftest import STRENGTH, TASKS, write_run
@@ -269,3 +275,34 @@ def test_the_html_page_is_self_contained_escaped_and_complete(mm_study):
     assert "ernie5 study elastic --config mm.yaml --out x" in html and "ernie5 study elastic" in md
     assert "audio score [95% CI]" in html and "decode tok/s [IQR]" in html
     assert '<span class="badge b-ok">holds</span>' in html  # the verdict matrix
+
+
+def test_the_page_renders_in_chromium(mm_study):
+    if find_chromium() is None:
+        if os.environ.get("ERNIE5_REQUIRE_BROWSER") == "1":
+            pytest.fail("ERNIE5_REQUIRE_BROWSER=1 but no chromium on PATH (apt-get install -y chromium)")
+        pytest.skip("no chromium on PATH: .ci/run installs it as root (apt-get install -y chromium)")
+    check = check_page(mm_study / "report.html")
+    assert check.ok, check.problems
+    assert check.images_total == check.images_loaded == 5 and check.broken_links == []
+    assert all(not s["blank"] for s in check.sections) and not check.screenshot_blank
+
+
+def test_a_family_with_one_group_above_chance_has_no_seesaw():
+    rel = pd.DataFrame(
+        {
+            "subnet": ["full", "d0.75"],
+            "task": "shakespeare_bpb",
+            "modality": "text",
+            "capability": "generation",
+            "rel": [1.0, 0.9],
+            "rel_se": [0.0, 0.02],
+        }
+    )
+    groups = seesaw.group_scores(rel, "task")
+    order = seesaw.degradation_order(groups, None)
+    (words,) = study_modality.seesaw_words(
+        groups.assign(family="static"), order.assign(family="static"), "task"
+    )
+    assert words.startswith("Seesaw, static family: one task above chance (shakespeare_bpb), so no seesaw")
+    assert "retention at d0.75 is 90.0%" in words
