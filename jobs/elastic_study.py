@@ -18,7 +18,7 @@ Layout of ``OUT``::
     suites/<arm>.yaml          the study suite with that arm's sub-models
     sweeps/<arm>               ``ernie5 sweep`` run folders
     loss/<arm>.json            held-out loss per sub-model on fixed batches
-    report.md, summary.json, loss.png
+    report.md, report.html, summary.json, loss.png
 
 Which sub-models each arm is evaluated as:
   * ``elastic`` and ``static``: ``full``, every shape, and each shape with the other deploy
