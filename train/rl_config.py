@@ -37,10 +37,12 @@ class RolloutConfig:
     max_new_tokens: int = 0
     """Cap on text response tokens (0 = each task's own generation budget); images and speech are
     generated whole (speech within its task's frame budget)."""
-    audio_temperature: float = 1.0
+    audio_temperature: float = 0.5
     """Sampling temperature of speech rollouts (its log-probs are taken at it). The TTS tasks' harness
     decodes argmax (temperature 0), which has no log-probs: RL trains the sampled distribution at this
-    temperature, over every code (no top-k), and the sweep scores its argmax (train.rollout_audio)."""
+    temperature, over every code (no top-k), and the sweep scores its argmax (train.rollout_audio).
+    0.5 is measured: on the shipped reference (GRPO, 100 steps) it lowered the argmax WER of tts_dtmf
+    and tts_digits more than 1.0 did, and 1.0 cost tts_dtmf exact matches (README, Post-training)."""
     image_cfg_scale: float = -1.0
     """Guidance scale of image rollouts (< 0: each image task's own, the scale the harness samples with)."""
     pool_size: int = 0

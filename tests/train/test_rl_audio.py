@@ -98,7 +98,8 @@ def test_tts_reward_is_the_judges_score_of_the_generated_speech(mm_ckpt, tmp_pat
         assert reward == pytest.approx(1.0 - min(1.0, errors / words))
     engine, prompt = trainer.audio_engine, trainer._audio_prompt(rows[0])
     codes, _, _ = engine.sample([prompt], prompt.max_frames, seed=9)
-    sampling = AudioSampling(temperature=1.0, max_frames=prompt.max_frames, seed=9)
+    assert engine.temperature == cfg.rollout.audio_temperature
+    sampling = AudioSampling(temperature=engine.temperature, max_frames=prompt.max_frames, seed=9)
     (want,) = generate_audio(engine.model, [prompt.document(ac.n_levels)], sampling)
     assert torch.equal(codes[0], want)
 
