@@ -18,8 +18,8 @@ References:
 
 Deviations:
   1. Text responses only here: image answers (NFSP, ``t2i_shapes``) are rolled out by
-     :mod:`train.rollout_image` and rewarded by the task's judge; speech answers (NCP) are not rolled
-     out.
+     :mod:`train.rollout_image` and speech answers (NCP, ``tts_dtmf``, ``tts_digits``) by
+     :mod:`train.rollout_audio`, both rewarded by the task's judge.
   2. Each round re-prefills the rollouts it continues (no cache kept across rounds), and a rollout's
      routing of an earlier position is the one of the latest forward over it.
 """
