@@ -60,7 +60,7 @@ import random
 import shutil
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,6 +71,7 @@ from ernie5.data.audio_sources import speaker_id
 from ernie5.fast import apply_fast_paths
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
+from ernie5.runtime.distributed import pick_device
 from ernie5.sequence.context import context_document
 from ernie5.sequence.segments import pack
 from ernie5.store.checkpoint import (
@@ -128,6 +129,21 @@ class LearnerBatch:
     """The response tokens (0 past a row's response)."""
     routing: dict[int, torch.Tensor] | None
     """MoE layer -> ``(B, T, A)`` replayed expert ids, or None (route afresh)."""
+
+
+def _on_device(batch, device: torch.device):
+    """A learner batch (``LearnerBatch``, ``ImageLearnerBatch``, ``AudioLearnerBatch``: built on CPU)
+    with its tensors, inputs and routing ids on ``device``; the same object on CPU."""
+    if device.type == "cpu":
+        return batch
+    moved = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor | Inputs):
+            moved[f.name] = value.to(device)
+        elif isinstance(value, dict):
+            moved[f.name] = {k: v.to(device) for k, v in value.items()}
+    return replace(batch, **moved)
 
 
 class Verifier(Protocol):
@@ -231,7 +247,11 @@ class RLTrainer:
             if need == "audio" and (ckpt.audio_codec is None or ckpt.model.audio is None):
                 raise RunError(f"rl task {task} asks about audio; {source} has no audio codec or module")
         self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
-        self.model.train()
+        try:
+            self.device = pick_device(cfg.rl.device)
+        except ValueError as e:
+            raise RunError(f"rl.device: {e}") from None
+        self.model.train().to(self.device)
         self.optimizer = make_optimizer(self.model, cfg.optim)
         ro = cfg.rollout
         self.buffer = ReplayBuffer(
@@ -495,6 +515,7 @@ class RLTrainer:
         """Per-token log-probs (with grad when enabled) and entropies of the response tokens (of an
         image: per generated position, summed over its bits; of speech: per frame, summed over its
         levels)."""
+        batch = _on_device(batch, self.device)
         if isinstance(batch, ImageLearnerBatch):
             return image_logprobs(self.precision.compute, batch, subnet, self.cfg.rollout.temperature)
         if isinstance(batch, AudioLearnerBatch):
@@ -502,7 +523,7 @@ class RLTrainer:
             return audio_logprobs(self.precision.compute, batch, subnet, temperature, end_code)
         kwargs = {"routing_replay": batch.routing} if batch.routing is not None else {}
         out = self.precision.compute(batch.inputs, subnet=subnet, **kwargs)
-        rows = torch.arange(batch.pos_BT.shape[0])[:, None]
+        rows = torch.arange(batch.pos_BT.shape[0], device=self.device)[:, None]
         logits_BTV = out.logits_BTV[rows, batch.pos_BT].float() / self.cfg.rollout.temperature
         logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
         logp_BT = logp_BTV.gather(-1, batch.tok_BT[..., None]).squeeze(-1)
@@ -577,8 +598,8 @@ class RLTrainer:
         for _, key, rows_idx, batch in chunks:
             with torch.no_grad():
                 lp, en = self._logprobs(batch, subnets[key])
-            logp_old[rows_idx, : lp.shape[1]] = lp.float()
-            ent[rows_idx, : en.shape[1]] = en.float()
+            logp_old[rows_idx, : lp.shape[1]] = lp.float().cpu()
+            ent[rows_idx, : en.shape[1]] = en.float().cpu()
         mask = torch.zeros(len(rows), n_max, dtype=torch.bool)
         logp_infer = torch.zeros(len(rows), n_max)
         for k, r in enumerate(rows):
@@ -608,14 +629,14 @@ class RLTrainer:
             total = len(range(mb, len(rows), n_mb))
             for _, key, rows_idx, batch in (c for c in chunks if c[0] == mb):
                 lp_new, _ = self._logprobs(batch, subnets[key])
-                w = lp_new.shape[1]
+                w, dev = lp_new.shape[1], lp_new.device
                 loss, st = self._loss(
                     lp_new.float(),
-                    logp_old[rows_idx, :w],
-                    logp_infer[rows_idx, :w],
-                    adv_B[rows_idx],
-                    mask[rows_idx, :w],
-                    weight_B[rows_idx],
+                    logp_old[rows_idx, :w].to(dev),
+                    logp_infer[rows_idx, :w].to(dev),
+                    adv_B[rows_idx].to(dev),
+                    mask[rows_idx, :w].to(dev),
+                    weight_B[rows_idx].to(dev),
                 )
                 (loss * len(rows_idx) / total).backward()
                 self.precision.accumulate_grads()

@@ -123,6 +123,9 @@ class RLLoopConfig:
     """The checkpoint RL starts from (``ernie5 rl --checkpoint``)."""
     dtype: Literal["bf16", "fp32"] = "bf16"
     """Compute dtype of the policy (rollouts and learner): bf16 replica with fp32 master weights, or fp32."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the policy rolls out and learns: ``auto`` = CUDA when a GPU is visible, else CPU. Judges,
+    the vision tokenizer and the audio codec decode on CPU (rewards need the rollouts' codes only)."""
     threads: int = 0
     log_every: int = 1
     ckpt_every: int = 10

@@ -113,8 +113,8 @@ class RolloutEngine:
         }
         step_ids: dict[int, list[torch.Tensor]] = {i: [] for i in prefill_ids}  # per fed step, (B, A)
         fed: list[list[bool]] = []  # per fed step, which rows fed a token of their own
-        idx = torch.arange(b)
-        last = torch.tensor(lens) - 1
+        idx = torch.arange(b, device=device)
+        last = torch.tensor(lens, device=device) - 1
         logits_BV = out.logits_BTV[idx, last]
         next_pos = inputs.positions_3BT.amax(dim=0)[idx, last] + 1
         gen = torch.Generator().manual_seed(hash((self.seed, round_)) % (1 << 62))

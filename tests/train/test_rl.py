@@ -170,6 +170,14 @@ def test_bad_configs_are_one_line_errors(micro_ckpt, tmp_path):
         RLTrainer(other, tmp_path / "c", {"toy": ToyVerifier()}, resume=True)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a GPU")
+def test_rl_on_cuda_without_a_gpu_is_a_one_line_error(micro_ckpt, tmp_path):
+    cfg = _cfg(micro_ckpt, rl=RLLoopConfig(steps=1, init_from=str(micro_ckpt), dtype="fp32", device="cuda"))
+    with pytest.raises(RunError, match="rl.device: device='cuda', but no CUDA GPU is visible"):
+        RLTrainer(cfg, tmp_path / "gpu", {"toy": ToyVerifier()}, quiet=True).run()
+    assert not (tmp_path / "gpu" / "config.yaml").exists()
+
+
 def test_a_media_task_on_a_text_only_checkpoint_is_a_one_line_error(micro_ckpt, tmp_path):
     class ImageVerifier(ToyVerifier):
         modality = "image"
