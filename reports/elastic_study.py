@@ -26,9 +26,7 @@ the paper's implied goal (within 2 %). The seesaw per family and routing by moda
 from __future__ import annotations
 
 import io
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +38,7 @@ from ernie5.store.runs import write_atomic, write_json
 from reports import formatting as f
 from reports import paired, scores, seesaw, study_markdown, study_modality, study_page
 from reports.load import read_samples
-from reports.study_folder import ELASTIC, FAMILIES, STATIC, Study, relative
+from reports.study_folder import ELASTIC, FAMILIES, STATIC, Study, StudyReport, relative
 
 __all__ = ["FAMILIES", "Study", "StudyReport", "analyze_study", "ratio_ci", "write_report"]
 
@@ -362,58 +360,6 @@ def loss_plot(main: pd.DataFrame) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return buf.getvalue()
-
-
-@dataclass
-class StudyReport:
-    """Every table and verdict of a study's report (what :func:`write_report` renders)."""
-
-    study: Study
-    cost: dict
-    paper_cost: pd.DataFrame
-    """The paper's full-size rows (:data:`PAPER_COST` with their ratio)."""
-    main: pd.DataFrame
-    dims: pd.DataFrame
-    selection: pd.DataFrame
-    seesaw_by: str
-    seesaw_groups: pd.DataFrame
-    seesaw_index: pd.DataFrame
-    seesaw_order: pd.DataFrame
-    routing: pd.DataFrame
-    """Per (arm, sub-model) of the elastic and static sweeps, every selection."""
-    routing_rows: pd.DataFrame
-    """Routing by modality of every family row (:func:`reports.study_modality.routing_rows`)."""
-    routing_entropy: pd.DataFrame
-    routing_iou: pd.DataFrame
-    cells: pd.DataFrame
-    claim_rows: pd.DataFrame
-    """:func:`claim_table`: the loss claims per shape, structured."""
-    claims: list[str]
-    """Plain-words verdicts (Markdown bold marks the decision)."""
-    wall_s: float
-
-    def summary(self) -> dict:
-        """The ``summary.json`` content."""
-
-        def records(df: pd.DataFrame) -> list:
-            return json.loads(df.to_json(orient="records")) if len(df) else []
-
-        return {
-            "cost_of_elasticity": self.cost,
-            "main": records(self.main),
-            "dimensions": records(self.dims),
-            "selection": records(self.selection),
-            "seesaw_by": self.seesaw_by,
-            "seesaw_index": records(self.seesaw_index),
-            "seesaw_groups": records(self.seesaw_groups),
-            "seesaw_order": records(self.seesaw_order),
-            "routing": records(self.routing),
-            "routing_rows": records(self.routing_rows),
-            "task_cells": records(self.cells),
-            "verdicts": self.claims,
-            "wall_s": self.wall_s,
-            "command": self.study.command,
-        }
 
 
 def _cost(study: Study) -> dict:

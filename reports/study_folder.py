@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -144,3 +145,55 @@ def _scores(study: Study) -> pd.DataFrame:
 def relative(study: Study) -> pd.DataFrame:
     """Chance-normalised score of every row against the static full model and its random twin."""
     return scores.relative_scores(_scores(study), "full", study.runs[STATIC].baseline_results)
+
+
+@dataclass
+class StudyReport:
+    """Every table and verdict of a study's report (what :func:`write_report` renders)."""
+
+    study: Study
+    cost: dict
+    paper_cost: pd.DataFrame
+    """The paper's full-size rows (:data:`PAPER_COST` with their ratio)."""
+    main: pd.DataFrame
+    dims: pd.DataFrame
+    selection: pd.DataFrame
+    seesaw_by: str
+    seesaw_groups: pd.DataFrame
+    seesaw_index: pd.DataFrame
+    seesaw_order: pd.DataFrame
+    routing: pd.DataFrame
+    """Per (arm, sub-model) of the elastic and static sweeps, every selection."""
+    routing_rows: pd.DataFrame
+    """Routing by modality of every family row (:func:`reports.study_modality.routing_rows`)."""
+    routing_entropy: pd.DataFrame
+    routing_iou: pd.DataFrame
+    cells: pd.DataFrame
+    claim_rows: pd.DataFrame
+    """:func:`claim_table`: the loss claims per shape, structured."""
+    claims: list[str]
+    """Plain-words verdicts (Markdown bold marks the decision)."""
+    wall_s: float
+
+    def summary(self) -> dict:
+        """The ``summary.json`` content."""
+
+        def records(df: pd.DataFrame) -> list:
+            return json.loads(df.to_json(orient="records")) if len(df) else []
+
+        return {
+            "cost_of_elasticity": self.cost,
+            "main": records(self.main),
+            "dimensions": records(self.dims),
+            "selection": records(self.selection),
+            "seesaw_by": self.seesaw_by,
+            "seesaw_index": records(self.seesaw_index),
+            "seesaw_groups": records(self.seesaw_groups),
+            "seesaw_order": records(self.seesaw_order),
+            "routing": records(self.routing),
+            "routing_rows": records(self.routing_rows),
+            "task_cells": records(self.cells),
+            "verdicts": self.claims,
+            "wall_s": self.wall_s,
+            "command": self.study.command,
+        }

@@ -1,4 +1,4 @@
-"""An elastic study's ``report.md`` (the tables of :class:`reports.elastic_study.StudyReport`)."""
+"""An elastic study's ``report.md`` (the tables of :class:`reports.study_folder.StudyReport`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from reports.markdown import cell, code, md_table
 from reports.study_modality import group_key
 
 if TYPE_CHECKING:
-    from reports.elastic_study import StudyReport
+    from reports.study_folder import StudyReport
 
 
 def modalities(main: pd.DataFrame) -> list[str]:

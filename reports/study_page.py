@@ -1,4 +1,4 @@
-"""An elastic study's ``report.html``: the tables of :class:`reports.elastic_study.StudyReport` with
+"""An elastic study's ``report.html``: the tables of :class:`reports.study_folder.StudyReport` with
 their figures, on the run report's page machinery (:mod:`reports.html`, :mod:`reports.plots`).
 
 Self-contained like ``ernie5 report``'s ``index.html``: figures embedded as ``data:`` PNGs, CSS inline,
@@ -28,7 +28,7 @@ from reports.study_folder import ELASTIC, FAMILIES, STATIC
 from reports.study_markdown import decode_text, delta_text, groups_view, index_view, modalities, order_view
 
 if TYPE_CHECKING:
-    from reports.elastic_study import StudyReport
+    from reports.study_folder import StudyReport
 
 DECISIONS = {
     "holds": "b-ok",
