@@ -15,18 +15,16 @@ import torch
 import evals.tasks  # noqa: F401  (registers the tasks)
 from ernie5.generation.audio import AudioSampling, generate_audio
 from ernie5.model.elastic import Subnet
-from ernie5.model.model import Ernie5Model
 from ernie5.sequence.audio import decode_codes
-from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
+from ernie5.store.checkpoint import load_checkpoint
 from evals.api import MediaResult
 from evals.verifiers import TaskVerifier
-from tests.conftest import micro_multimodal_parts
+from tests.train.rl_media import media_checkpoint, media_rl_config, step_records
 from tests.train.test_rl import ToyVerifier
-from train.config import ElasticConfig
 from train.loop import checkpoint_dirs
 from train.rl import RLTrainer
 from train.rl_buffer import Rollout
-from train.rl_config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
+from train.rl_config import RolloutConfig
 from train.rollout_audio import unpack_frames
 
 SAMPLES_PER_FRAME = 320
@@ -52,36 +50,14 @@ class ShortVerifier:
 
 @pytest.fixture(scope="module")
 def mm_ckpt(tmp_path_factory) -> Path:
-    model, tok, vtok, codec = micro_multimodal_parts()
-    torch.manual_seed(0)
-    model = Ernie5Model(replace(model.cfg, vocab_size=tok.vocab_size))  # text rollouts decode every id
-    path = tmp_path_factory.mktemp("rlaudio") / "ckpt"
-    save_checkpoint(path, model, tokenizer=tok, vision_tokenizer=vtok, audio_codec=codec)
-    return path
-
-
-def _cfg(ckpt: Path, tasks: dict[str, float], steps: int = 3, **sections) -> RLRunConfig:
-    base = RLRunConfig(
-        model=load_checkpoint(ckpt, fast=False).cfg,
-        tasks=tasks,
-        rl=RLLoopConfig(steps=steps, init_from=str(ckpt), dtype="fp32", ckpt_every=2),
-        rollout=RolloutConfig(queries_per_step=2, group_size=3, chunk=2, max_new_tokens=4),
-        objective=ObjectiveConfig(minibatches=2),
-        elastic=ElasticConfig(enabled=False),
-        optim=replace(RLRunConfig().optim, lr=1e-3),
-    )
-    return replace(base, **sections)
-
-
-def _records(run: Path) -> list[dict]:
-    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
+    return media_checkpoint(tmp_path_factory.mktemp("rlaudio"))
 
 
 def test_tts_reward_is_the_judges_score_of_the_generated_speech(mm_ckpt, tmp_path):
     """The trainer's reward of a speech rollout = 1 - min(1, WER) of what the task's Goertzel judge hears
     in the decoded waveform, and the codes are generate_audio's for the prompt and seed."""
     verifier = TaskVerifier("tts_dtmf")
-    cfg = _cfg(mm_ckpt, {"tts_dtmf": 1.0}, rollout=RolloutConfig(queries_per_step=2, group_size=3))
+    cfg = media_rl_config(mm_ckpt, {"tts_dtmf": 1.0}, rollout=RolloutConfig(queries_per_step=2, group_size=3))
     trainer = RLTrainer(cfg, tmp_path / "rl", {"tts_dtmf": verifier})
     trainer._setup()
     rows = [Rollout(0, s) for s in range(3)]
@@ -125,7 +101,7 @@ def test_speech_mixes_with_text_and_resumes_exactly(mm_ckpt, tmp_path):
     """A tiny run with speech and text queries: rewards and entropies logged per output and modality, the
     first step's learner log-probs equal the behaviour ones (fp32, same weights), the NCP heads move, and a
     run interrupted after step 2 and resumed equals the uninterrupted one."""
-    cfg = _cfg(mm_ckpt, {"short": 1.0, "toy": 1.0}, steps=4)
+    cfg = media_rl_config(mm_ckpt, {"short": 1.0, "toy": 1.0}, steps=4)
 
     def verifiers():
         return {"short": ShortVerifier(), "toy": ToyVerifier()}
@@ -136,7 +112,7 @@ def test_speech_mixes_with_text_and_resumes_exactly(mm_ckpt, tmp_path):
     state = json.loads((checkpoint_dirs(tmp_path / "cut")[-1] / "train_state.json").read_text())
     assert state["state"]["buffer"]["rollouts"]
     RLTrainer(cfg, tmp_path / "cut", verifiers(), resume=True, quiet=True).run()
-    whole, cut = _records(tmp_path / "whole"), _records(tmp_path / "cut")
+    whole, cut = step_records(tmp_path / "whole"), step_records(tmp_path / "cut")
     assert set().union(*(r["reward_by_output"] for r in whole)) == {"audio", "text"}
     assert set().union(*(r["reward_by_modality"] for r in whole)) == {"audio", "text"}
     audio = [r for r in whole if "audio" in r["reward_by_output"]]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +14,14 @@ import torch
 import evals.tasks  # noqa: F401  (registers the tasks)
 from ernie5.generation.vision import generate_media
 from ernie5.model.elastic import Subnet
-from ernie5.model.model import Ernie5Model
-from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
+from ernie5.store.checkpoint import load_checkpoint
 from evals.verifiers import TaskVerifier
-from tests.conftest import micro_multimodal_parts
+from tests.train.rl_media import media_checkpoint, media_rl_config, step_records
 from tests.train.test_rl import ToyVerifier
-from train.config import ElasticConfig
 from train.loop import checkpoint_dirs
 from train.rl import RLTrainer
 from train.rl_buffer import Rollout
-from train.rl_config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
+from train.rl_config import ObjectiveConfig, RolloutConfig
 from train.rollout_image import unpack_codes
 
 
@@ -46,36 +43,16 @@ class RedVerifier:
 
 @pytest.fixture(scope="module")
 def mm_ckpt(tmp_path_factory) -> Path:
-    model, tok, vtok, codec = micro_multimodal_parts()
-    torch.manual_seed(0)
-    model = Ernie5Model(replace(model.cfg, vocab_size=tok.vocab_size))  # text rollouts decode every id
-    path = tmp_path_factory.mktemp("rlimg") / "ckpt"
-    save_checkpoint(path, model, tokenizer=tok, vision_tokenizer=vtok, audio_codec=codec)
-    return path
-
-
-def _cfg(ckpt: Path, tasks: dict[str, float], steps: int = 3, **sections) -> RLRunConfig:
-    base = RLRunConfig(
-        model=load_checkpoint(ckpt, fast=False).cfg,
-        tasks=tasks,
-        rl=RLLoopConfig(steps=steps, init_from=str(ckpt), dtype="fp32", ckpt_every=2),
-        rollout=RolloutConfig(queries_per_step=2, group_size=3, chunk=2, max_new_tokens=4),
-        objective=ObjectiveConfig(minibatches=2),
-        elastic=ElasticConfig(enabled=False),
-        optim=replace(RLRunConfig().optim, lr=1e-3),
-    )
-    return replace(base, **sections)
-
-
-def _records(run: Path) -> list[dict]:
-    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
+    return media_checkpoint(tmp_path_factory.mktemp("rlimg"))
 
 
 def test_t2i_reward_is_the_judges_score_of_the_generated_image(mm_ckpt, tmp_path):
     """The trainer's reward of an image rollout = the task's judge on what generate_media draws for the
     prompt with the same bits (the decoded image), averaged over the task's metrics."""
     verifier = TaskVerifier("t2i_shapes")
-    trainer = RLTrainer(_cfg(mm_ckpt, {"t2i_shapes": 1.0}), tmp_path / "rl", {"t2i_shapes": verifier})
+    trainer = RLTrainer(
+        media_rl_config(mm_ckpt, {"t2i_shapes": 1.0}), tmp_path / "rl", {"t2i_shapes": verifier}
+    )
     trainer._setup()
     rows = [Rollout(0, s) for s in range(3)]
     trainer._advance_on(rows, 8, 0, Subnet.full(trainer.cfg.model))
@@ -109,12 +86,14 @@ def _decode(ckpt, bits_PD: torch.Tensor) -> np.ndarray:
 
 @pytest.mark.slow
 def test_a_tiny_image_run_trains_the_image_rows(mm_ckpt, tmp_path):
-    cfg = _cfg(mm_ckpt, {"red": 1.0}, steps=2, objective=ObjectiveConfig(loss="grpo", minibatches=1))
+    cfg = media_rl_config(
+        mm_ckpt, {"red": 1.0}, steps=2, objective=ObjectiveConfig(loss="grpo", minibatches=1)
+    )
     before = {
         k: v.clone() for k, v in load_checkpoint(mm_ckpt, fast=False).model.vision.head.state_dict().items()
     }
     RLTrainer(cfg, tmp_path / "rl", {"red": RedVerifier()}, quiet=True).run()
-    recs = _records(tmp_path / "rl")
+    recs = step_records(tmp_path / "rl")
     assert len(recs) == 2
     for rec in recs:
         assert rec["reward_by_output"].keys() == {"image"} and rec["entropy_by_output"].keys() == {"image"}
@@ -132,7 +111,7 @@ def test_a_tiny_image_run_trains_the_image_rows(mm_ckpt, tmp_path):
 @pytest.mark.slow
 def test_images_mix_with_text_tasks_and_resume_exactly(mm_ckpt, tmp_path):
     tasks = {"red": 1.0, "toy": 1.0}
-    cfg = _cfg(
+    cfg = media_rl_config(
         mm_ckpt,
         tasks,
         steps=4,
@@ -147,7 +126,7 @@ def test_images_mix_with_text_tasks_and_resume_exactly(mm_ckpt, tmp_path):
     state = json.loads((checkpoint_dirs(tmp_path / "cut")[-1] / "train_state.json").read_text())
     assert state["state"]["buffer"]["rollouts"]
     RLTrainer(cfg, tmp_path / "cut", verifiers(), resume=True, quiet=True).run()
-    whole, cut = _records(tmp_path / "whole"), _records(tmp_path / "cut")
+    whole, cut = step_records(tmp_path / "whole"), step_records(tmp_path / "cut")
     assert set().union(*(r["reward_by_output"] for r in whole)) == {"image", "text"}
     assert set().union(*(r["rows_by_task"] for r in whole)) == {"red", "toy"}
     diffs = [
