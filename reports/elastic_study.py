@@ -58,7 +58,7 @@ PAPER_SUBMODELS = {
     # our shape -> (paper's row, elastic full loss, elastic sub-model loss)
     "d0.75": ("Table 9: 12 of 16 layers", 1.941, 2.137),
     "w0.5": ("Table 10: 32 of 64 experts", 1.964, 2.218),
-    "k1": ("Table 11: top-1 of 8 (ours: 1 of 2)", 1.969, 2.175),
+    "k1": ("Table 11: top-1 of 8", 1.969, 2.175),
 }
 PAPER_EA = {"active": 0.537, "total": 0.358}
 """Table 12's EA35.8 % point: shares of the full model's activated and total parameters."""
