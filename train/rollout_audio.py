@@ -257,13 +257,10 @@ def audio_logprobs(model, batch: AudioLearnerBatch, subnet: Subnet, temperature:
     out = model(batch.inputs, subnet=subnet, return_logits=False)
     tgt_PQ = batch.targets_PQ.to(out.audio_logits[0].device)
     frame_P = batch.frame_P.to(tgt_PQ.device)
+    sampling = AudioSampling(temperature=temperature, min_frames=MIN_FRAMES)
     logp_P = ent_P = 0
     for level, logits_PK in enumerate(out.audio_logits):
-        z = logits_PK.float()
-        if level == 0:  # END is barred before MIN_FRAMES frames (the sampler's ncp_logits)
-            bar = torch.zeros_like(z, dtype=torch.bool)
-            bar[:, end_code] = frame_P < MIN_FRAMES
-            z = z.masked_fill(bar, float("-inf"))
+        z = ncp_logits(level, logits_PK, frame_P, sampling, end_code)  # the sampler's own logits
         lp_PK = torch.log_softmax(z / temperature, dim=-1)
         tgt = tgt_PQ[:, level]
         valid = tgt >= 0
