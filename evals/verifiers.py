@@ -61,9 +61,7 @@ from typing import Any
 import numpy as np
 
 from ernie5.data import shapes
-from ernie5.data.audio import DIGIT_WORDS, FSDD_TRAIN_SPEAKERS, fsdd_sequences, normalize_text
-from ernie5.data.audio_sources import dial_prompt, say_prompt
-from ernie5.data.dtmf import DTMF_KEYS
+from ernie5.data.audio import fsdd_sequences
 from ernie5.data.mnist import digit_image, mnist_split
 from ernie5.data.moving import DIRECTIONS, moving_digits_clip, moving_shape_clip
 from ernie5.data.procedural import STOP, generate
@@ -219,16 +217,8 @@ class TaskVerifier:
             return MediaExample(
                 id=f"rl-{index}", prompt=shapes_prompt(caption), target=caption, info={"scene": scene}
             )
-        if isinstance(task, TtsDtmf):  # as TtsDtmf.all_examples draws its key sequences
-            keys = "".join(rng.choice(DTMF_KEYS) for _ in range(rng.randint(1, 5)))
-            words = normalize_text(keys)
-            return AudioExample(id=f"rl-{index}", prompt=dial_prompt(words), target=words)
-        if isinstance(task, TtsDigits):  # as TtsDigits.all_examples draws its digit strings
-            words = " ".join(rng.choice(DIGIT_WORDS) for _ in range(rng.randint(1, 4)))
-            speaker = rng.choice(FSDD_TRAIN_SPEAKERS)
-            return AudioExample(
-                id=f"rl-{index}", prompt=say_prompt(words), target=words, info={"speaker": speaker}
-            )
+        if isinstance(task, (TtsDtmf, TtsDigits)):  # drawn as the task draws its evaluated prompts
+            return task.draw(rng, f"rl-{index}")
         if isinstance(task, _ShapesVQA):
             while True:
                 scene = shapes.random_scene(rng)

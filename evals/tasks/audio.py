@@ -486,13 +486,16 @@ class TtsDtmf(_Tts):
     judge_name = "goertzel"
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
-        out = []
-        for i in range(self.options.n_examples):
-            rng = random.Random(f"{self.name}/{i}")
-            keys = "".join(rng.choice(DTMF_KEYS) for _ in range(rng.randint(1, 5)))
-            words = normalize_text(keys)
-            out.append(AudioExample(id=f"{self.name}-{i}", prompt=dial_prompt(words), target=words))
-        return out
+        return [
+            self.draw(random.Random(f"{self.name}/{i}"), f"{self.name}-{i}")
+            for i in range(self.options.n_examples)
+        ]
+
+    @staticmethod
+    def draw(rng: random.Random, example_id: str) -> AudioExample:
+        """One prompt of 1-5 keys drawn from ``rng`` (the evaluated ones and the RL stage's training ones)."""
+        words = normalize_text("".join(rng.choice(DTMF_KEYS) for _ in range(rng.randint(1, 5))))
+        return AudioExample(id=example_id, prompt=dial_prompt(words), target=words)
 
     def transcribe(self, wave: np.ndarray) -> str:
         from evals.audio_judges import dtmf_transcribe
@@ -513,17 +516,19 @@ class TtsDigits(_Tts):
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
         self._load_judge(data_dir)
-        out = []
-        for i in range(self.options.n_examples):
-            rng = random.Random(f"{self.name}/{i}")
-            words = " ".join(rng.choice(DIGIT_WORDS) for _ in range(rng.randint(1, 4)))
-            spk = FSDD_TRAIN_SPEAKERS[i % len(FSDD_TRAIN_SPEAKERS)]
-            out.append(
-                AudioExample(
-                    id=f"{self.name}-{i}", prompt=say_prompt(words), target=words, info={"speaker": spk}
-                )
-            )
-        return out
+        n = len(FSDD_TRAIN_SPEAKERS)
+        return [
+            self.draw(random.Random(f"{self.name}/{i}"), f"{self.name}-{i}", FSDD_TRAIN_SPEAKERS[i % n])
+            for i in range(self.options.n_examples)
+        ]
+
+    @staticmethod
+    def draw(rng: random.Random, example_id: str, speaker: str = "") -> AudioExample:
+        """One prompt of 1-4 digit words drawn from ``rng``, said by ``speaker`` ("" = a seen speaker drawn
+        from ``rng`` after the words: the RL stage's training prompts)."""
+        words = " ".join(rng.choice(DIGIT_WORDS) for _ in range(rng.randint(1, 4)))
+        speaker = speaker or rng.choice(FSDD_TRAIN_SPEAKERS)
+        return AudioExample(id=example_id, prompt=say_prompt(words), target=words, info={"speaker": speaker})
 
     def _load_judge(self, data_dir: str | Path | None):
         from evals.audio_judges import load_digit_recognizer
