@@ -515,7 +515,6 @@ class RLTrainer:
         """Per-token log-probs (with grad when enabled) and entropies of the response tokens (of an
         image: per generated position, summed over its bits; of speech: per frame, summed over its
         levels)."""
-        batch = _on_device(batch, self.device)
         if isinstance(batch, ImageLearnerBatch):
             return image_logprobs(self.precision.compute, batch, subnet, self.cfg.rollout.temperature)
         if isinstance(batch, AudioLearnerBatch):
@@ -591,7 +590,7 @@ class RLTrainer:
                         batch = self._audio_batch(sel)
                     else:
                         batch = self._learner_batch(sel, obj.routing_replay)
-                    chunks.append((mb, key, rows_idx, batch))
+                    chunks.append((mb, key, rows_idx, _on_device(batch, self.device)))  # moved once
         n_max = max(len(r.tokens) for r in rows)
         logp_old = torch.zeros(len(rows), n_max)
         ent = torch.zeros(len(rows), n_max)
