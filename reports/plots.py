@@ -40,27 +40,43 @@ def _png(fig: Figure) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def retention_plot(groups: pd.DataFrame, order: list[str], labels: dict[str, str], title: str) -> str:
-    """Group score (with 95% interval) per subnet, subnets from largest to smallest, one line per group."""
-    fig = Figure(figsize=(WIDTH, 4.6))
-    ax = fig.add_subplot()
-    x_of = {s: i for i, s in enumerate(order)}
-    names = list(dict.fromkeys(groups["group"]))
+def retention_lines(
+    ax,
+    groups: pd.DataFrame,
+    names: list[str],
+    x_of: dict[str, int],
+    color: dict,
+    *,
+    spread: float = 0.06,
+    capsize: float = 3,
+    lw: float = 1.8,
+) -> None:
+    """One line per group of ``groups`` (``group, subnet, rel, ci_low, ci_high``) on ``ax``: its retention
+    at each subnet's x position (``x_of``) with the 95 % interval, groups side by side by ``spread``."""
     for j, name in enumerate(names):
         g = groups[(groups["group"] == name) & groups["subnet"].isin(x_of)]
         g = g.assign(x=g["subnet"].map(x_of)).sort_values("x")
-        x = g["x"].to_numpy(float) + (j - (len(names) - 1) / 2) * 0.06
+        x = g["x"].to_numpy(float) + (j - (len(names) - 1) / 2) * spread
         err = np.vstack([(g["rel"] - g["ci_low"]).to_numpy(float), (g["ci_high"] - g["rel"]).to_numpy(float)])
         ax.errorbar(
             x,
             g["rel"],
             yerr=np.nan_to_num(err),
             marker="o",
-            capsize=3,
-            lw=1.8,
-            color=color_of(name),
+            capsize=capsize,
+            lw=lw,
+            color=color[name],
             label=name,
         )
+
+
+def retention_plot(groups: pd.DataFrame, order: list[str], labels: dict[str, str], title: str) -> str:
+    """Group score (with 95% interval) per subnet, subnets from largest to smallest, one line per group."""
+    fig = Figure(figsize=(WIDTH, 4.6))
+    ax = fig.add_subplot()
+    x_of = {s: i for i, s in enumerate(order)}
+    names = list(dict.fromkeys(groups["group"]))
+    retention_lines(ax, groups, names, x_of, {n: color_of(n) for n in names})
     ax.axhline(1.0, color="#444", lw=0.8)
     ax.axhline(0.95, color="#999", lw=0.8, ls="--", label="95% retention")
     ax.set_xticks(range(len(order)), [labels.get(s, s) for s in order], fontsize=9)

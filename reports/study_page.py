@@ -14,7 +14,6 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -305,23 +304,7 @@ def family_retention(r: StudyReport) -> bytes:
         active = study_modality.family_active(r.study, rows)
         order = seesaw.subnet_order(g, active)
         x_of = {s: i for i, s in enumerate(order)}
-        for j, name in enumerate(names):
-            d = g[g["group"] == name]
-            d = d.assign(x=d["subnet"].map(x_of)).sort_values("x")
-            x = d["x"].to_numpy(float) + (j - (len(names) - 1) / 2) * 0.07
-            err = np.vstack(
-                [(d["rel"] - d["ci_low"]).to_numpy(float), (d["ci_high"] - d["rel"]).to_numpy(float)]
-            )
-            ax.errorbar(
-                x,
-                d["rel"],
-                yerr=np.nan_to_num(err),
-                marker="o",
-                capsize=2,
-                lw=1.6,
-                color=color[name],
-                label=name,
-            )
+        plots.retention_lines(ax, g, names, x_of, color, spread=0.07, capsize=2, lw=1.6)
         ax.axhline(1.0, color="#444", lw=0.8)
         ax.axhline(seesaw.RETENTION_THRESHOLD, color="#999", lw=0.8, ls="--")
         full = (active or {}).get("full")
