@@ -66,7 +66,9 @@ from ernie5.sequence.segments import MODALITIES
 from ernie5.store.checkpoint import (
     CheckpointError,
     load_checkpoint,
+    load_media_part,
     load_train_state,
+    names_media_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
 )
@@ -127,21 +129,9 @@ def _routing_entropy(counts_E: torch.Tensor, avail_E: torch.Tensor) -> float:
     return float(h / math.log(n))
 
 
-def _names_checkpoint(value: str, part: str) -> bool:
-    """Whether ``data.<part>`` names a checkpoint carrying the part (a shipped name such as
-    ``reference``, or a checkpoint folder) rather than the folder its own trainer wrote."""
-    from ernie5.store.checkpoint import AUDIO_CODEC_FILES, META_FILE, VISION_TOKENIZER_FILES
-    from ernie5.store.shipped import is_shipped_name
-
-    files = VISION_TOKENIZER_FILES if part == "vision_tokenizer" else AUDIO_CODEC_FILES
-    folder = Path(value)
-    return is_shipped_name(value) or ((folder / META_FILE).is_file() and (folder / files[0]).is_file())
-
-
 def _checkpoint_part(value: str, part: str, model_cfg) -> Any:
-    """The frozen tokenizer or codec a checkpoint carries, or a one-line ``RunError`` naming the key."""
-    from ernie5.store.checkpoint import CheckpointError, load_media_part
-
+    """The frozen tokenizer or codec a checkpoint carries (``data.<part>`` names a checkpoint), or a
+    one-line ``RunError`` naming the key."""
     try:
         return load_media_part(value, part, model_cfg)
     except CheckpointError as e:
@@ -403,7 +393,7 @@ class Trainer:
         from ernie5.store.checkpoint import check_codec_fits
         from ernie5.tokenizers.audio_codec import AudioCodec
 
-        if _names_checkpoint(cfg.data.audio_codec, "audio_codec"):
+        if names_media_checkpoint(cfg.data.audio_codec, "audio_codec"):
             return _checkpoint_part(cfg.data.audio_codec, "audio_codec", cfg.model)
         try:
             codec = AudioCodec.load(cfg.data.audio_codec)
@@ -424,7 +414,7 @@ class Trainer:
             )
         from ernie5.tokenizers.vision import VisionTokenizer, VisionTokenizerError
 
-        if _names_checkpoint(cfg.data.vision_tokenizer, "vision_tokenizer"):
+        if names_media_checkpoint(cfg.data.vision_tokenizer, "vision_tokenizer"):
             return _checkpoint_part(cfg.data.vision_tokenizer, "vision_tokenizer", cfg.model)
         try:
             tok = VisionTokenizer.load(cfg.data.vision_tokenizer)

@@ -601,6 +601,25 @@ def _load_vision_tokenizer(path: Path, cfg: ModelConfig, device) -> Any:
     return tok.to(device).eval().requires_grad_(False)
 
 
+def _media_files(part: str) -> tuple[str, str]:
+    files = {"vision_tokenizer": VISION_TOKENIZER_FILES, "audio_codec": AUDIO_CODEC_FILES}
+    if part not in files:
+        raise ValueError(f"unknown media part {part!r} (expected one of {sorted(files)})")
+    return files[part]
+
+
+def names_media_checkpoint(value: str | Path, part: str) -> bool:
+    """Whether ``value`` names a checkpoint that carries the media ``part`` (a shipped name such as
+    ``reference``, or a checkpoint folder with the part's files), as opposed to the folder the part's
+    own trainer wrote."""
+    from ernie5.store import shipped
+
+    folder = Path(value)
+    return shipped.is_shipped_name(value) or (
+        (folder / META_FILE).is_file() and (folder / _media_files(part)[0]).is_file()
+    )
+
+
 def load_media_part(path: str | Path, part: str, cfg: ModelConfig, device: str = "cpu") -> Any:
     """One frozen media part (``"vision_tokenizer"`` or ``"audio_codec"``) of the checkpoint ``path``
     names (a shipped name such as ``reference``, a checkpoint folder, or a run folder), checked against
@@ -610,14 +629,12 @@ def load_media_part(path: str | Path, part: str, cfg: ModelConfig, device: str =
     Raises:
         CheckpointError: no such checkpoint, the checkpoint has no such part, or it does not fit ``cfg``.
     """
-    loaders = {"vision_tokenizer": _load_vision_tokenizer, "audio_codec": _load_audio_codec}
-    if part not in loaders:
-        raise ValueError(f"unknown media part {part!r} (expected one of {sorted(loaders)})")
+    files = _media_files(part)
     folder = resolve_checkpoint(path)
-    files = VISION_TOKENIZER_FILES if part == "vision_tokenizer" else AUDIO_CODEC_FILES
     if not all((folder / name).is_file() for name in files):
         raise CheckpointError(f"{folder}: the checkpoint carries no {part.replace('_', ' ')}")
-    return loaders[part](folder, cfg, device)
+    loader = _load_vision_tokenizer if part == "vision_tokenizer" else _load_audio_codec
+    return loader(folder, cfg, device)
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
