@@ -346,6 +346,14 @@ def cmd_bench(args) -> int:
         raise CLIError(str(e)) from None
     if args.activation_checkpoint and args.what != "train":
         raise CLIError(f"--activation-checkpoint applies to `bench train`, not `bench {args.what}`")
+    if args.fp8 and args.what != "train":
+        raise CLIError(f"--fp8 applies to `bench train`, not `bench {args.what}`")
+    if args.fp8:
+        from train.parallel.fp8 import fp8_supported
+
+        why = fp8_supported(device)
+        if why is not None:
+            raise CLIError(f"--fp8: {why}")
     if args.what == "moe":
         from ernie5.bench.moe import bench_moe
 
@@ -368,6 +376,7 @@ def cmd_bench(args) -> int:
             grad_accum=args.grad_accum,
             device=str(device),
             activation_checkpoint=args.activation_checkpoint,
+            fp8=args.fp8,
         )
     if args.json:
         _print_json(result)
@@ -664,6 +673,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--activation-checkpoint",
         action="store_true",
         help="train: recompute each block's activations in the backward; reports the saved activation memory",
+    )
+    b.add_argument(
+        "--fp8",
+        action="store_true",
+        help="train: the blocks' dense projections in FP8 (torchao; a GPU of compute capability >= 8.9)",
     )
     b.set_defaults(fn=cmd_bench)
 

@@ -243,6 +243,11 @@ def test_cli_bench_runs_the_benchmark_and_prints_its_json(monkeypatch, capsys):
         (["bench", "moe", "--grad-accum", "2"], "--grad-accum applies to `bench train`, not `bench moe`"),
         (["bench", "train", "--decoding", "greedy"], "--decoding applies to `bench decode`"),
         (["bench", "moe", "--device", "npu"], "'npu': expected cpu or cuda"),
+        (["bench", "moe", "--fp8"], "--fp8 applies to `bench train`, not `bench moe`"),
+        (
+            ["bench", "train", "--fp8", "--device", "cpu"],
+            "--fp8: train.fp8 needs a CUDA GPU (this run is on cpu)",
+        ),
     ],
 )
 def test_cli_bench_bad_options_are_one_line_errors(argv, match, capsys):

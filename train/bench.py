@@ -17,6 +17,9 @@ with ``peak`` the GPU's measured bf16 matmul FLOP/s, and the allocator's peak me
 ``--activation-checkpoint``: each block recomputes its activations in the backward
 (``train.parallel.activation_checkpoint``); ``saved_activation_mb`` is what the forward keeps for
 the backward (every tensor autograd saves, counted once per storage), on any device.
+``--fp8`` (GPU of capability >= 8.9, torchao): the blocks' dense projections in FP8
+(``train.fp8``, :mod:`train.parallel.fp8`); ``mfu`` stays against the bf16 peak, so FP8's gain shows
+as a higher MFU. Emulated FP8 is not offered here: its timings would mean nothing.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def bench_train(
     warmup: int = WARMUP_STEPS,
     device: str = "cpu",
     activation_checkpoint: bool = False,
+    fp8: bool = False,
 ) -> dict:
     """Median tokens/s of a full training step and the MFU it implies, after ``warmup`` steps.
 
@@ -137,6 +141,7 @@ def bench_train(
         dev,
         activation_checkpoint,
         memory,
+        fp8,
     )
     peak = max(peak_start, matmul_peak(peak_dtype, n=n, device=dev))
     tokens = grad_accum * batch_size * seq_len
@@ -166,6 +171,7 @@ def bench_train(
         # The step time 30% MFU would allow, to set against phase_ms.
         "step_ms_at_target": flops_per_step / (0.30 * peak) * 1e3,
         "activation_checkpoint": activation_checkpoint,
+        "fp8": fp8,
         **memory,
         "env": environment(dev),
         "target": "mfu >= 0.30",
@@ -198,13 +204,15 @@ def _time_step(
     device: torch.device | str = "cpu",
     activation_checkpoint: bool = False,
     memory: dict[str, float] | None = None,
+    fp8: bool = False,
 ) -> float:
     """Median seconds of one training step (``full_recipe``: MTP loss, clipping, bias update).
 
     ``phases``, if given, receives every step's seconds in ``forward``, ``backward`` (each summed
     over the step's ``grad_accum`` micro-batches) and ``optimizer`` (gradient accumulation into the
     fp32 master, ``MixedPrecision.step``, bias update, buffer sync). ``memory``, if given, receives
-    ``saved_activation_mb`` (and ``peak_memory_mb`` on CUDA).
+    ``saved_activation_mb`` (and ``peak_memory_mb`` on CUDA; ``fp8_linears`` with ``fp8``).
+    Raises :class:`train.parallel.fp8.FP8Error` where ``fp8`` cannot run.
     """
     laps = phases if phases is not None else {}
     dev = torch.device(device)
@@ -212,6 +220,12 @@ def _time_step(
     model = Ernie5Model(cfg).train().to(dev)
     mp = MixedPrecision(model, dtype)
     apply_fast_paths(mp.compute, grad_squares=mp.grad_squares)
+    if fp8:
+        from train.parallel.fp8 import apply_fp8
+
+        converted = apply_fp8(mp.compute, dev)
+        if memory is not None:
+            memory["fp8_linears"] = converted
     if activation_checkpoint:
         from torch.distributed._composable import checkpoint
 

@@ -226,6 +226,10 @@ class TrainConfig:
     fp8: bool = False
     """FP8 training of the blocks' dense projections (torchao; CUDA, compute capability >= 8.9:
     :mod:`train.parallel.fp8`). A one-line error where it cannot run."""
+    fp8_emulate: bool = False
+    """With ``fp8``: emulate the FP8 casts, on any device (CPU included). FP8's numerics without its
+    speed, for tests and for checking a recipe's losses before a GPU run (torchtitan's
+    ``float8.emulate``)."""
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, f"steps={self.steps} must be >= 1")
@@ -238,6 +242,7 @@ class TrainConfig:
         check(self.mtp_weight >= 0 and self.mtp_weight_final >= 0, "mtp_weight values must be >= 0")
         check(0 <= self.stage2_frac <= 1, f"stage2_frac={self.stage2_frac} must be in [0, 1]")
         check(self.peak_flops >= 0, f"peak_flops={self.peak_flops} must be >= 0")
+        check(self.fp8 or not self.fp8_emulate, "fp8_emulate=true needs fp8=true (it emulates FP8 training)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -299,6 +299,7 @@ class Trainer:
                     "resumed_from": str(self.resume_dir) if self.resume_dir else None,
                     "peak_flops": self.peak,
                     "extensions": extensions,
+                    "fp8_linears": self.fp8_linears,
                 }
             )
             write_json(self.run_dir / "meta.json", meta)
@@ -328,12 +329,14 @@ class Trainer:
         return state
 
     def _apply_fp8(self, model: Ernie5Model) -> None:
+        """``train.fp8``: the blocks' dense projections in FP8; ``self.fp8_linears`` counts them."""
+        self.fp8_linears = 0
         if not self.cfg.train.fp8:
             return
         from train.parallel.fp8 import FP8Error, apply_fp8
 
         try:
-            apply_fp8(model, self.device)
+            self.fp8_linears = apply_fp8(model, self.device, emulate=self.cfg.train.fp8_emulate)
         except FP8Error as e:
             raise RunError(str(e)) from None
 
