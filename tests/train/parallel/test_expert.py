@@ -2,7 +2,8 @@
 each own half the experts of every MoE layer; the loss and every gradient (the expert slices
 compared with the matching rows of the reference's) equal the one-process model's on the union of
 the two processes' batches, for the full model and an elastic sub-model whose width mask leaves one
-process without experts in some layers."""
+process without experts in some layers. The owners' expert compute is the eager loop, the CPU's
+``sorted`` path, or the GPU's ``grouped`` GEMMs (``torch._grouped_mm`` runs on the CPU too)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _subnets(cfg) -> list[Subnet]:
     return [full, Subnet((0, 1, 3), narrow, 1, "d3-w4-k1")]
 
 
-def _worker(rank: int, port: int, fast: bool, ep: int, out: dict) -> None:
+def _worker(rank: int, port: int, path: str, ep: int, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -53,8 +54,8 @@ def _worker(rank: int, port: int, fast: bool, ep: int, out: dict) -> None:
         ref = Ernie5Model(cfg.model)
         model = Ernie5Model(cfg.model)
         model.load_state_dict(ref.state_dict())
-        if fast:
-            apply_fast_paths(model)
+        if path != "eager":  # auto: the CPU's sorted path; grouped: the GPU's, forced here
+            apply_fast_paths(model, moe_path=path)
         par = parallelize(
             model, ParallelConfig(ep=ep), rank=rank, world=WORLD, device="cpu", param_dtype=None
         )
@@ -96,11 +97,11 @@ def _worker(rank: int, port: int, fast: bool, ep: int, out: dict) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
-def test_two_process_expert_parallel_equals_one_process(fast):
+@pytest.mark.parametrize("path", ["eager", "auto", "grouped"])
+def test_two_process_expert_parallel_equals_one_process(path):
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(_free_port(), fast, 2, out), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(_free_port(), path, 2, out), nprocs=WORLD, join=True)
         res = dict(out)
     for rank in range(WORLD):
         assert res[rank]["worst"] < 1e-5, res[rank]
