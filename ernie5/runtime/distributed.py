@@ -26,13 +26,23 @@ class Dist:
             torch.distributed.barrier()
 
 
+def process_group_backend(cuda: bool) -> str:
+    """The ``torch.distributed`` backend of a run's process group: gloo on a CPU-only machine; with
+    CUDA, NCCL for CUDA tensors and gloo for CPU tensors. The trainer all-reduces CPU bookkeeping
+    (expert loads for the router bias, the gradient norm's sum, all-to-all byte counts) and a run may
+    keep its model on the CPU (``train.device=cpu``); NCCL alone has no backend for CPU tensors, so
+    those collectives would fail ("No backend type associated with device type cpu")."""
+    return "cuda:nccl,cpu:gloo" if cuda else "gloo"
+
+
 def init_dist() -> Dist:
-    """Join the process group started by ``accelerate launch --multi_gpu`` (gloo on CPU), if any."""
+    """Join the process group started by ``accelerate launch --multi_gpu`` / torchrun, if any
+    (backend: :func:`process_group_backend`)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return Dist()
     from accelerate import PartialState
 
-    state = PartialState(backend=None if torch.cuda.is_available() else "gloo")
+    state = PartialState(backend=process_group_backend(torch.cuda.is_available()))
     return Dist(state.process_index, state.num_processes)
 
 

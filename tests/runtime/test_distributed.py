@@ -1,0 +1,31 @@
+"""Process-group facts: the backend a multi-process run joins, and device choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+from ernie5.runtime.distributed import Dist, init_dist, pick_device, process_group_backend
+
+
+def test_a_gpu_run_has_a_backend_for_cpu_tensors_too():
+    """With CUDA the group is NCCL for CUDA tensors and gloo for CPU ones: the trainer all-reduces CPU
+    tensors (expert loads, the gradient norm's sum), which NCCL alone rejects."""
+    gpu = BackendConfig(Backend(process_group_backend(cuda=True))).get_device_backend_map()
+    assert gpu == {"cuda": "nccl", "cpu": "gloo"}
+    cpu = BackendConfig(Backend(process_group_backend(cuda=False))).get_device_backend_map()
+    assert cpu["cpu"] == "gloo"
+
+
+def test_one_process_joins_no_group(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert init_dist() == Dist(0, 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_cuda_without_a_gpu_is_a_clear_error_and_auto_is_the_cpu():
+    assert pick_device("auto") == torch.device("cpu")
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device='cuda'.*no CUDA GPU"):
+        pick_device("cuda")
