@@ -205,8 +205,8 @@ def measure(
             16, mcfg.vocab_size, (cfg.prompt_len,), generator=torch.Generator().manual_seed(0)
         )
         on_cuda = torch.cuda.is_available() and first.is_cuda
-        if on_cuda:
-            torch.cuda.reset_peak_memory_stats()
+        if on_cuda:  # the model's GPU, which need not be the current one
+            torch.cuda.reset_peak_memory_stats(first.device)
         threads = CPU_THREADS if first.device.type == "cpu" else None
         if peak_flops is None:
             peak_flops = machine_matmul_peak(str(first.device), first.dtype, threads or 0)
@@ -223,7 +223,7 @@ def measure(
                     break
         row.update(timing, threads=threads)
         if on_cuda:
-            row["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            row["peak_memory_mb"] = torch.cuda.max_memory_allocated(first.device) / 2**20
         else:
             weights = sum(p.numel() * p.element_size() for p in runner.parameters())
             if run_sub is not None:  # masked supernet: only the kept layers' weights are resident work
