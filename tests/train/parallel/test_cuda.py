@@ -1,5 +1,6 @@
 """The GPU paths (skipped without a CUDA GPU): one training step on the GPU against the CPU, FSDP2
-with expert parallelism over NCCL on the GPUs present, and ``ernie5 bench train --device cuda``."""
+with expert parallelism over NCCL on the GPUs present, the process group's NCCL + gloo backends on
+one GPU, ``ernie5 bench train --device cuda`` and ``ernie5 rl`` on the GPU against the CPU."""
 
 from __future__ import annotations
 
@@ -49,6 +50,31 @@ def test_fsdp2_with_expert_parallelism_over_nccl_matches_one_process(tmp_path):
     )
     pretrain(one, tmp_path / "one", quiet=True)
     assert _losses(tmp_path / "gpus") == pytest.approx(_losses(tmp_path / "one"), rel=1e-3)
+
+
+def test_the_gpu_process_group_reduces_the_trainers_cpu_tensors_and_cuda_tensors(tmp_path):
+    """The backend ``init_dist`` asks for on a GPU machine, in one process (it runs on one GPU, where
+    the NCCL test above is skipped): CUDA tensors go through NCCL, and the CPU tensors the trainer
+    all-reduces (expert loads, their availability mask with MAX, the gradient norm's float64 sum)
+    through gloo; NCCL alone refuses those."""
+    import torch.distributed as dist
+
+    from ernie5.runtime.distributed import process_group_backend
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group(process_group_backend(cuda=True), store=store, rank=0, world_size=1)
+    try:
+        loads, avail = torch.arange(4), torch.tensor([1, 0, 1, 1], dtype=torch.int32)
+        norm, on_gpu = torch.tensor(2.5, dtype=torch.float64), torch.ones(3, device="cuda")
+        dist.all_reduce(loads)
+        dist.all_reduce(avail, op=dist.ReduceOp.MAX)
+        dist.all_reduce(norm)
+        dist.all_reduce(on_gpu)
+        dist.barrier()
+        assert loads.tolist() == [0, 1, 2, 3] and avail.tolist() == [1, 0, 1, 1] and float(norm) == 2.5
+        assert on_gpu.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
 
 
 def test_bench_train_on_the_gpu_reports_mfu():
