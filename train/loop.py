@@ -28,8 +28,8 @@ per extension, kept across later resumes) and as a note in ``metrics.jsonl``
 ``event`` key are notes, not measurements), and ``config.yaml`` then holds the new ``train.steps``.
 
 Several processes: under ``accelerate launch --multi_gpu --num_processes N`` or ``torchrun``
-(gloo on a CPU-only machine, NCCL on GPUs), the model is spread over the processes by
-:func:`train.parallel.shard.parallelize` (FSDP2 over a device mesh, expert parallelism with
+(gloo on a CPU-only machine; on GPUs NCCL, with gloo for CPU tensors), the model is spread over
+the processes by :func:`train.parallel.shard.parallelize` (FSDP2 over a device mesh, expert parallelism with
 ``train.parallel.ep``), with fp32 sharded master weights and, for ``train.dtype: bf16``, bf16
 compute. Micro-batch ``a`` of process ``r`` is global micro-batch ``g = a * N + r``, with its own
 data; FSDP2 averages the gradients over the processes, so N processes compute the update of one
@@ -470,7 +470,7 @@ class Trainer:
         subnet, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, step, index // self.subnet_group)
         mod_w = torch.tensor([weights[m] for m in MODALITIES], device=self.device)[batch.modality.long()]
         targets = Targets(batch.targets.ids_BT, batch.targets.weights_BT * mod_w)
-        with self.par.forward_context() if self.par is not None else nullcontext():
+        with self._forward_context():
             out = self.compute(batch.inputs, targets=targets, subnet=subnet, return_logits=False)
         losses = out.losses
         mtp_w = staged(step, cfg.train.steps, cfg.train.mtp_weight, cfg.train.mtp_weight_final, cfg.train)
@@ -520,6 +520,16 @@ class Trainer:
             "data_wait_s": self.stream.wait_s,  # seconds this micro-batch's batch() waited
         }
 
+    def _forward_context(self):
+        """A micro-batch's forward context: the parallel model's (activation offload), or for one
+        process the same switch (``train.parallel.activation_offload``: saved activations in host
+        memory on a GPU; nothing to do on the CPU)."""
+        if self.par is not None:
+            return self.par.forward_context()
+        if self.cfg.train.parallel.activation_offload and self.device.type == "cuda":
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return nullcontext()
+
     def _gather_micros(self, micros: list[dict]) -> list[dict]:
         """Every process's micro-batch records, in global micro-batch order (for logging and the
         loss-balance state, which must be identical on every process)."""
@@ -558,7 +568,8 @@ class Trainer:
                 avail_i = avail.to(torch.int32)
                 torch.distributed.all_reduce(avail_i, op=torch.distributed.ReduceOp.MAX)
                 avail = avail_i.bool()
-            update_router_bias(moe, counts, speed, avail)
+            dev = moe.router_bias.device  # the loads were summed on the CPU; the bias lives with the model
+            update_router_bias(moe, counts.to(dev), speed, avail.to(dev))
 
     def _checkpoint(self, step: int) -> None:
         if self.par is not None:
