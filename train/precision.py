@@ -49,6 +49,9 @@ class MixedPrecision:
         self._c_params = [p for p in self.compute.parameters()]
         self._m_bufs = [b for b in master.buffers()]
         self._c_bufs = [b for b in self.compute.buffers()]
+        self._cpu = all(p.is_cpu for p in self._m_params)
+        """The fused C++ kernels (:mod:`ernie5.kernels`) are CPU kernels: on a GPU the step is
+        torch's own (and the extension is never built)."""
         self.grad_squares = GradSquares()
         """Sums of squares of gradients recorded by the kernels that computed them."""
         self._grad_store: list[torch.Tensor | None] = [None] * len(self._m_params)
@@ -66,7 +69,7 @@ class MixedPrecision:
         """
         if not self.bf16:
             return
-        if only_micro_batch and kernels() is not None:
+        if only_micro_batch and self._kernels() is not None:
             return
         self.grad_squares.clear()  # the replica's gradients are about to be copied or added elsewhere
         copy_dst, copy_src, add_dst, add_src = [], [], [], []
@@ -107,7 +110,7 @@ class MixedPrecision:
             g = m.grad if m.grad is not None else c.grad
             if g is not None:
                 pairs.append((m, g, c))
-        k = kernels()
+        k = self._kernels()
         if max_norm > 0:
             # A gradient whose producing kernel already summed its squares (the expert weight
             # gradients) is not read again for it.
@@ -138,9 +141,13 @@ class MixedPrecision:
             c.grad = None  # parameters without a gradient are left alone, as AdamW does
         return norm
 
+    def _kernels(self):
+        """The CPU kernels where the master weights are on the CPU and they build, else None."""
+        return kernels() if self._cpu else None
+
     def _fusable(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether :meth:`step` can take the fused path for this optimizer."""
-        if not self.bf16 or type(optimizer) is not torch.optim.AdamW or kernels() is None:
+        if not self.bf16 or type(optimizer) is not torch.optim.AdamW or self._kernels() is None:
             return False
         return all(
             g.get("fused") and not g.get("amsgrad") and not g.get("maximize") and not g.get("capturable")

@@ -196,3 +196,34 @@ def test_each_pair_owns_its_grad_squares():
     p.grad = g
     a.accumulate_grads()  # the replica's gradient now lives (added) in the master's
     assert a.grad_squares.take(p, g) is None
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_off_the_cpu_the_step_is_torchs_own_and_never_reaches_the_cpu_kernels(monkeypatch, micro_batches):
+    """On a GPU (the stand-in device here) the fused C++ kernels are never asked for, so never built
+    or handed device tensors: the replica's gradients reach the masters and torch's AdamW steps."""
+    import train.precision as precision
+    from tests.stand_in_device import stand_in_device
+
+    monkeypatch.setenv("ERNIE5_KERNELS", "auto")
+
+    def no_kernels():
+        raise AssertionError("the CPU kernels were asked for on the device path")
+
+    monkeypatch.setattr(precision, "kernels", no_kernels)
+    ref = _net()
+    with stand_in_device() as mixed:
+        master = _net().to("meta")
+        mp = MixedPrecision(master, "bf16")
+        x = torch.randn(3, 8).bfloat16().to("meta")
+        for _ in range(micro_batches):
+            mp.compute(x).sum().backward()
+            mp.accumulate_grads(only_micro_batch=micro_batches == 1)
+        assert all(m.grad is not None for m in master.parameters())
+        opt = torch.optim.AdamW(master.parameters(), lr=1e-3, foreach=False)  # (fused: no meta kernel)
+        mp.step(opt, 1.0)
+        moved = [
+            float((m.detach().cpu() - r.detach()).abs().max())
+            for m, r in zip(master.parameters(), ref.parameters())
+        ]
+    assert mixed == [] and min(moved) > 0
