@@ -137,7 +137,7 @@ class Parallel:
     def clip_grad_norm(self, max_norm: float) -> float:
         """Global gradient norm over every process's shards (each element counted once), and the
         gradients scaled by ``min(1, max_norm / (norm + 1e-6))`` when ``max_norm > 0``."""
-        total = torch.zeros((), dtype=torch.float64)
+        total = None  # summed where the gradients live: one host copy per step, not per tensor
         grads = []
         for p in self.model.parameters():
             g = p.grad
@@ -145,8 +145,9 @@ class Parallel:
                 continue
             grads.append(g)
             local = g.to_local() if isinstance(g, DTensor) else g
-            sq = local.double().square().sum().cpu()
-            total += sq / _replicas(g, self.world)
+            sq = local.double().square().sum() / _replicas(g, self.world)
+            total = sq if total is None else total + sq
+        total = torch.zeros((), dtype=torch.float64) if total is None else total.cpu()
         dist.all_reduce(total)
         norm = math.sqrt(float(total))
         if max_norm > 0:
