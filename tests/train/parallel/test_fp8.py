@@ -99,7 +99,11 @@ def test_emulated_fp8_training_follows_bf16_and_saves_the_plain_model(tmp_path):
 
     a, b = losses(tmp_path / "bf16"), losses(tmp_path / "fp8")
     assert len(a) == len(b) == 15 and a != b
-    assert b == pytest.approx(a, rel=0.01)
+    # e4m3 rounds every operand (~6 % per element): the curves part a little, step by step (1.6 % at
+    # most measured, in one step of a spiky stretch), and learn alike
+    assert b == pytest.approx(a, rel=0.05)
+    assert sum(b[-5:]) == pytest.approx(sum(a[-5:]), rel=0.02)
+    assert b[-1] < b[0] - 1.0
     meta = json.loads((tmp_path / "fp8" / "meta.json").read_text())
     assert meta["fp8_linears"] == 4 * fp8.model.n_layers
     # the checkpoint is the plain model's: the harness loads it without torchao's modules
