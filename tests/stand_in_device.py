@@ -51,7 +51,9 @@ def _report(what: str) -> None:
     ours = [
         f
         for f in traceback.extract_stack()
-        if f.filename.startswith(_ROOT) and "/.venv/" not in f.filename and not f.filename.endswith(__file__)
+        if f.filename.startswith(_ROOT)
+        and not any(lib in f.filename for lib in ("site-packages", "dist-packages"))  # any venv's name
+        and not f.filename.endswith(__file__)
     ]
     line = f"{what} at {ours[-1].filename[len(_ROOT) + 1 :]}:{ours[-1].lineno}" if ours else what
     if line not in _REPORTS:
