@@ -134,12 +134,17 @@ def _print_json(obj) -> None:
 
 
 # ---------------------------------------------------------------------------- commands
+def _with_device(args, key: str) -> list[str]:
+    """The ``--set`` overrides, then ``--device`` as ``key=...`` (it wins over a ``--set`` of it)."""
+    return [*(args.set or []), *([f"{key}={args.device}"] if args.device else [])]
+
+
 def cmd_train(args) -> int:
     """``ernie5 train``."""
     from train.loop import pretrain
 
     _check_out(args.out)
-    cfg = _load_run_config(args.config, args.set or [])
+    cfg = _load_run_config(args.config, _with_device(args, "train.device"))
     last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
     if last and int(os.environ.get("RANK", "0")) == 0:  # one summary for a multi-process run
         print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
@@ -155,7 +160,7 @@ def cmd_sft(args) -> int:
         args.checkpoint,
         args.out,
         config=args.config,
-        overrides=args.set or [],
+        overrides=_with_device(args, "train.device"),
         resume=args.resume,
         data_dir=args.data_dir,
         quiet=args.quiet,
@@ -171,7 +176,7 @@ def cmd_rl(args) -> int:
     from train.rl import rl, rl_config
 
     _check_out(args.out)
-    cfg = rl_config(args.checkpoint, args.config, args.set or [])
+    cfg = rl_config(args.checkpoint, args.config, _with_device(args, "rl.device"))
     data_dir = resolve_data_dir(args.data_dir or cfg.data_dir or None)
     last = rl(cfg, args.out, _verifiers(cfg, data_dir), resume=args.resume, quiet=args.quiet)
     if last:
@@ -503,6 +508,15 @@ def cmd_nightly(args) -> int:
 
 
 # ---------------------------------------------------------------------------- parser
+def _device_argument(parser: argparse.ArgumentParser, key: str) -> None:
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        help=f"where to train: auto (a GPU when there is one, else the CPU; the config's default), cpu or "
+        f"cuda; the same as --set {key}=...",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every command."""
     epilog = "exit codes:\n" + "\n".join(
@@ -526,6 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    _device_argument(t, "train.device")
     t.set_defaults(fn=cmd_train)
 
     for name, fn, what, defaults in (
@@ -545,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         pt.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
         pt.add_argument("--quiet", action="store_true", help="no progress bar")
+        _device_argument(pt, "rl.device" if name == "rl" else "train.device")
         pt.set_defaults(fn=fn)
 
     rs = sub.add_parser("rl-study", help="an RL ablation (objective, ahrl, scheduler): its arms and report")

@@ -205,6 +205,18 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg = self.cfg
+        # Where the run cannot go (no GPU for train.device=cuda, FP8 without its hardware) is a
+        # one-line error before anything is written.
+        try:
+            self.device = pick_device(cfg.train.device)
+        except ValueError as e:
+            raise RunError(f"train.device: {e}") from None
+        if cfg.train.fp8:
+            from train.parallel.fp8 import fp8_supported
+
+            why = fp8_supported(self.device, cfg.train.fp8_emulate)
+            if why is not None:
+                raise RunError(why)
         self.sources = open_sources(cfg.data, self.data_dir, cfg.model.vision.image_size)
         tok_path = self.run_dir / "tokenizer.json"
         if self.resume_dir is not None:
@@ -226,7 +238,6 @@ class Trainer:
             torch.manual_seed(cfg.train.seed)
             self.model = Ernie5Model(cfg.model)
         self.model.train()
-        self.device = pick_device(cfg.train.device)
         self.model.to(self.device)
         self.balance_ema: dict[str, float] = {}
         pcfg = cfg.train.parallel

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from jobs.cli import build_parser, main
 
@@ -382,3 +383,43 @@ def test_a_closed_output_pipe_exits_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a GPU")
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--config", "micro", "--device", "cuda"], "train.device: device='cuda', but no CUDA GPU"),
+        (["train", "--config", "micro", "--set", "train.fp8=true"], "train.fp8 needs a CUDA GPU"),
+        (
+            ["sft", "--checkpoint", "reference", "--device", "cuda"],
+            "train.device: device='cuda', but no CUDA",
+        ),
+        (
+            ["rl", "--checkpoint", "reference", "--device", "cuda"],
+            "rl.device: device='cuda', but no CUDA GPU",
+        ),
+    ],
+    ids=["train", "train-fp8", "sft", "rl"],
+)
+def test_a_device_the_machine_lacks_is_one_line_before_anything_is_written(argv, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out)]) == 2
+    assert message in _one_line_error(capsys, argv[0])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "key"), [("train", "train.device"), ("sft", "train.device"), ("rl", "rl.device")]
+)
+def test_device_is_the_config_key_and_wins_over_a_set_of_it(command, key):
+    from jobs.cli import _load_run_config, _with_device
+
+    source = ["--config", "micro"] if command == "train" else ["--checkpoint", "reference"]
+    args = build_parser().parse_args(
+        [command, "--out", "o", *source, "--set", f"{key}=cuda", "--device", "cpu"]
+    )
+    assert _with_device(args, key) == [f"{key}=cuda", f"{key}=cpu"]
+    assert _with_device(build_parser().parse_args([command, "--out", "o", *source]), key) == []
+    if command == "train":  # the later override wins
+        assert _load_run_config("micro", _with_device(args, key)).train.device == "cpu"
