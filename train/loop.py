@@ -340,16 +340,13 @@ class Trainer:
         return state
 
     def _apply_fp8(self, model: Ernie5Model) -> None:
-        """``train.fp8``: the blocks' dense projections in FP8; ``self.fp8_linears`` counts them."""
+        """``train.fp8``: the blocks' dense projections in FP8 (where it can run was checked at the
+        start of :meth:`_setup`); ``self.fp8_linears`` counts them."""
         self.fp8_linears = 0
-        if not self.cfg.train.fp8:
-            return
-        from train.parallel.fp8 import FP8Error, apply_fp8
+        if self.cfg.train.fp8:
+            from train.parallel.fp8 import apply_fp8
 
-        try:
             self.fp8_linears = apply_fp8(model, self.device, emulate=self.cfg.train.fp8_emulate)
-        except FP8Error as e:
-            raise RunError(str(e)) from None
 
     def _extensions(self) -> list[dict]:
         """``meta.json``'s record of the run's extensions: the earlier ones (those at or before the

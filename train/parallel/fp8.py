@@ -42,16 +42,14 @@ class FP8Error(ValueError):
 def fp8_supported(device: torch.device, emulate: bool = False) -> str | None:
     """None when FP8 training can run on ``device`` (in emulation: on any device), else why not
     (one line)."""
-    if emulate:
-        ok = _torchao_float8()
-        return None if ok else "train.fp8_emulate needs the torchao package (pip install torchao)"
-    if device.type != "cuda":
-        return f"train.fp8 needs a CUDA GPU (this run is on {device.type})"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
-        return f"train.fp8 needs compute capability >= 8.9 (this GPU has {major}.{minor})"
+    if not emulate:
+        if device.type != "cuda":
+            return f"train.fp8 needs a CUDA GPU (this run is on {device.type})"
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            return f"train.fp8 needs compute capability >= 8.9 (this GPU has {major}.{minor})"
     if not _torchao_float8():
-        return "train.fp8 needs the torchao package (pip install torchao)"
+        return f"train.{'fp8_emulate' if emulate else 'fp8'} needs the torchao package (pip install torchao)"
     return None
 
 
