@@ -40,6 +40,17 @@ def _losses(run: Path):
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def _one_process_accumulating_two(out: Path, *args: str) -> Path:
+    """The one-process reference of a two-process run: two micro-batches per step, sharing one sampled
+    sub-model as the two processes' concurrent micro-batches do (``ernie5 train`` with ``COMMON``,
+    then ``args``)."""
+    cmd = [sys.executable, "-m", "jobs.cli", "train", "--out", str(out), *COMMON, *args]
+    cmd += ["--set", "train.grad_accum=2", "--set", "train.parallel.subnet_group=2"]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
 @pytest.mark.slow
 def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
     accelerate = Path(sys.executable).with_name("accelerate")
@@ -60,27 +71,7 @@ def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
     ]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    single = tmp_path / "single"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobs.cli",
-            "train",
-            "--out",
-            str(single),
-            *COMMON,
-            "--set",
-            "train.grad_accum=2",
-            "--set",
-            "train.parallel.subnet_group=2",  # the two processes' concurrent micro-batches share one
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    single = _one_process_accumulating_two(tmp_path / "single")
     a, b = _losses(dp), _losses(single)
     assert len(a) == len(b) == 12
     assert a == pytest.approx(b, rel=1e-5)  # gradient sums differ only in float summation order
@@ -176,16 +167,7 @@ def test_two_nodes_launched_with_the_multi_node_config_equal_one_process(tmp_pat
         _, err = node.communicate(timeout=600)
         assert node.returncode == 0, f"node {rank}: {err[-2000:]}"
     assert json.loads((run / "meta.json").read_text())["world_size"] == 2
-    single = tmp_path / "single"
-    r = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "train", "--out", str(single), *COMMON, "--set", "train.steps=6"]
-        + ["--set", "train.grad_accum=2", "--set", "train.parallel.subnet_group=2"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    single = _one_process_accumulating_two(tmp_path / "single", "--set", "train.steps=6")
     a, b = _losses(run), _losses(single)
     assert len(a) == len(b) == 6
     assert a == pytest.approx(b, rel=1e-5)
