@@ -43,9 +43,9 @@ from lm_eval.api.registry import register_model  # noqa: E402
 
 from ernie5.data.root import resolve_data_dir  # noqa: E402
 from ernie5.files import hash_file_into  # noqa: E402
-from ernie5.store.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
+from ernie5.store.checkpoint import load_checkpoint  # noqa: E402
 from ernie5.subnets.params import count_params  # noqa: E402
-from ernie5.subnets.resolve import resolve_specs  # noqa: E402
+from ernie5.subnets.spec import resolve_specs  # noqa: E402
 from evals.adapter import Ernie5EvalModel  # noqa: E402
 from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest, add_routing  # noqa: E402
 from evals.cache import CachedModel, ResponseCache  # noqa: E402
@@ -120,7 +120,7 @@ class Ernie5LM(LM):
         if not re.fullmatch(r"cpu|cuda(:\d+)?", dev) or (dev != "cpu" and not torch.cuda.is_available()):
             raise LmEvalUsageError(f"ernie5: device={dev!r}: use cpu, or cuda[:N] on a machine with CUDA")
         try:  # CheckpointError, SubnetError, DataDirError: one line on the command line
-            ckpt = load_checkpoint(resolve_checkpoint(checkpoint), device=dev)
+            ckpt = load_checkpoint(checkpoint, device=dev)
             (sub,) = resolve_specs([str(subnet)], ckpt, resolve_data_dir(None))
         except ValueError as e:
             raise LmEvalUsageError(f"ernie5: {_one_line(e)}") from None

@@ -19,7 +19,7 @@ A suite is data only (no templates, no code). Example::
       - {task_dir: lm_eval, tasks: [local_qa], limit: 20}
 
 Subnets are the explicit ``specs`` plus the cross product of the ``grid`` (a value of 1.0 means the
-full dimension), resolved against the checkpoint by ``ernie5.subnets.resolve.resolve_specs`` (the
+full dimension), resolved against the checkpoint by ``ernie5.subnets.spec.resolve_specs`` (the
 one rule for when importance calibration is needed) and de-duplicated by the concrete sub-model
 they resolve to. ``random_baseline`` adds the pseudo-subnet ``random`` (``evals.results.RANDOM_BASELINE``),
 evaluated on every task like a sub-model but built by ``evals.sweep.random_twin``. ``lm_eval`` entries name
@@ -40,8 +40,9 @@ from typing import Any
 
 from ernie5.config import ConfigError, from_dict, read_yaml
 from ernie5.model.config import ModelConfig
-from ernie5.model.elastic import Subnet, SubnetError, SubnetSpec, parse_subnet
+from ernie5.model.elastic import Subnet
 from ernie5.presets import is_path
+from ernie5.subnets.spec import SubnetError, SubnetSpec, parse_subnet
 
 
 def _check(cond: bool, msg: str) -> None:

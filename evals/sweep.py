@@ -1,7 +1,7 @@
 """``ernie5 sweep``: evaluate every (sub-model, task) unit of a suite on one checkpoint.
 
 Flow: load the suite and the checkpoint once; resolve the sub-models against it
-(:func:`ernie5.subnets.resolve.resolve_specs`); for each unit, skip it if
+(:func:`ernie5.subnets.spec.resolve_specs`); for each unit, skip it if
 ``units/<subnet>/<task>.json`` holds the same fingerprint, else run the task's requests through the
 cached model, score, aggregate and write the unit atomically; then measure each sub-model's
 efficiency and rebuild the tables (``evals.results`` documents the folder).
@@ -48,12 +48,12 @@ from pathlib import Path
 
 from ernie5.config import ConfigError, to_dict
 from ernie5.data.root import resolve_data_dir
-from ernie5.model.elastic import Subnet, SubnetError
+from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
 from ernie5.runtime.distributed import init_dist
-from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint, resolve_checkpoint
+from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint
 from ernie5.store.runs import append_jsonl, provenance, write_json
-from ernie5.subnets.resolve import resolve_specs
+from ernie5.subnets.spec import SubnetError, resolve_specs
 from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
 from evals.cache import CachedModel, ResponseCache
 from evals.efficiency import MEASURE_VERSION, measure
@@ -279,7 +279,7 @@ def run_sweep(
     loaded = load_suite(suite)
     cfg = loaded.cfg
     data_dir = resolve_data_dir(data_dir)
-    ckpt = load_checkpoint(resolve_checkpoint(checkpoint))
+    ckpt = load_checkpoint(checkpoint)
     ckpt_hash = checkpoint_hash(ckpt.path)
     try:
         subnets = distinct_subnets(resolve_specs(subnet_specs(cfg.subnets), ckpt, data_dir), ckpt.cfg)

@@ -44,8 +44,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ernie5.config import ConfigError
     from ernie5.data.root import DataDirError, DataMissing
     from ernie5.generation.text import GenerationError
-    from ernie5.model.elastic import SubnetError
     from ernie5.store.checkpoint import CheckpointError
+    from ernie5.subnets.spec import SubnetError
     from ernie5.tokenizers.text import TokenizerError
 
     errors: list[type[BaseException]] = [
@@ -272,19 +272,13 @@ def cmd_recipe(args) -> int:
 
 def cmd_params(args) -> int:
     """``ernie5 params``."""
-    from ernie5.model.elastic import parse_subnet, resolve
-    from ernie5.store.checkpoint import load_checkpoint
     from ernie5.subnets.params import count_params
-    from ernie5.subnets.resolve import needs_calibration, resolve_specs
+    from ernie5.subnets.spec import resolve_subnet
 
     if bool(args.config) == bool(args.checkpoint):
         raise CLIError("give exactly one of --config or --checkpoint")
     cfg, path = _load_model_config(args)
-    subnet = None
-    if args.subnet and path is not None and needs_calibration(parse_subnet(args.subnet), cfg):
-        (subnet,) = resolve_specs([args.subnet], load_checkpoint(path))  # importance needs the weights
-    elif args.subnet:
-        subnet = resolve(args.subnet, cfg)
+    subnet = resolve_subnet(args.subnet, cfg, path) if args.subnet else None
     report = count_params(cfg, subnet, args.seq_len).to_dict()
     report = {"subnet": subnet.name if subnet else "full", **report}
     if args.json:

@@ -60,13 +60,12 @@ import yaml
 
 from ernie5.config import check, dump, load, read_yaml, to_dict
 from ernie5.data.root import resolve_data_dir
-from ernie5.model.elastic import SubnetError, parse_subnet, resolve
 from ernie5.model.inputs import Targets
 from ernie5.presets import resolve_config_path
-from ernie5.store.checkpoint import load_checkpoint, resolve_checkpoint
+from ernie5.store.checkpoint import load_checkpoint
 from ernie5.store.runs import provenance, write_atomic, write_json
 from ernie5.subnets.extract import extract_checkpoint, subnet_config
-from ernie5.subnets.resolve import resolve_specs
+from ernie5.subnets.spec import SubnetError, parse_subnet, resolve, resolve_specs
 from evals.suite import load_suite, resolve_suite_path
 from evals.sweep import run_sweep, subnet_identity
 from reports.elastic_study import write_report
@@ -262,7 +261,7 @@ def heldout_loss(
     (a multimodal model adds ``vision_batches`` (NFSP bit BCE) and ``audio_batches`` (NCP cross-entropy),
     ``None`` for a batch without such rows);
     the batches are the same for every checkpoint with the same tokenizer, so arms pair batch by batch."""
-    ckpt = load_checkpoint(resolve_checkpoint(checkpoint))
+    ckpt = load_checkpoint(checkpoint)
     subnets = resolve_specs(specs, ckpt, data_dir)
     sources = open_sources(run.data, data_dir, ckpt.cfg.vision.image_size)
     stream = MixtureStream(

@@ -110,10 +110,10 @@ def export_reference(run_dir: Path, out: Path, refiner_dir: Path | None, recipe:
     """The shipped folder: the run's newest checkpoint, parameters cast to bf16 (buffers such as
     the router bias stay fp32), the refiner attached, no optimizer state; ``meta.json`` records the
     recipe and ``load_dtype: float32`` (loading upcasts, so evaluation computes as for any checkpoint)."""
-    from ernie5.store.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+    from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
     from ernie5.tokenizers.refiner import Refiner
 
-    ckpt = load_checkpoint(resolve_checkpoint(run_dir), fast=False)
+    ckpt = load_checkpoint(run_dir, fast=False)
     with torch.no_grad():  # the side models stay fp32: small, and their quantisers are rounding-sensitive
         for p in ckpt.model.parameters():
             if p.is_floating_point():

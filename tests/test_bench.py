@@ -134,8 +134,8 @@ def test_bench_train_reports_mfu_and_the_peer():
 
 def test_bench_decode_reports_paired_speedups_for_every_subnet():
     from ernie5.bench.decode import SUBNETS, _nano, bench_decode
-    from ernie5.model.elastic import resolve
     from ernie5.subnets.params import count_params
+    from ernie5.subnets.spec import resolve
 
     repeats, new_tokens, prompt_len, prefill_len = 2, 4, 8, 16
     t0 = time.perf_counter()
@@ -184,10 +184,10 @@ def test_bench_decode_extracted_row_counts_the_extracted_model():
     """The combined subnet is timed as a standalone extracted model: its active parameters are
     those of the child config that extraction writes, counted on its own."""
     from ernie5.bench.decode import _nano
-    from ernie5.model.elastic import resolve
     from ernie5.model.model import Ernie5Model
     from ernie5.subnets.extract import extract_subnet
     from ernie5.subnets.params import count_params
+    from ernie5.subnets.spec import resolve
 
     cfg = _nano()
     with torch.device("meta"):

@@ -69,7 +69,6 @@ from ernie5.store.checkpoint import (
     load_media_part,
     load_train_state,
     names_media_checkpoint,
-    resolve_checkpoint,
     save_checkpoint,
 )
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
@@ -377,7 +376,7 @@ class Trainer:
     def _init_from(self, path: str, tok_path: Path) -> None:
         """Start from another run's weights, tokenizer and frozen media models (fresh optimizer)."""
         try:
-            ckpt = load_checkpoint(resolve_checkpoint(path), fast=False)
+            ckpt = load_checkpoint(path, fast=False)
         except (CheckpointError, OSError) as e:
             raise RunError(f"train.init_from: {str(e).splitlines()[0]}") from None
         theirs, ours = to_dict(ckpt.cfg), to_dict(self.cfg.model)

@@ -228,7 +228,7 @@ class RLTrainer:
         if not source:
             raise RunError("rl.init_from: no checkpoint to start from")
         try:
-            ckpt = load_checkpoint(resolve_checkpoint(source), fast=False)
+            ckpt = load_checkpoint(source, fast=False)
         except (CheckpointError, OSError) as e:
             raise RunError(f"rl.init_from: {str(e).splitlines()[0]}") from None
         if to_dict(ckpt.cfg) != to_dict(cfg.model):

@@ -36,10 +36,10 @@ from ernie5.bench.timing import environment, median_seconds, synchronizer
 from ernie5.fast import apply_fast_paths
 from ernie5.generation.text import generate
 from ernie5.model.config import ModelConfig
-from ernie5.model.elastic import resolve
 from ernie5.model.model import Ernie5Model
 from ernie5.subnets.extract import extract_subnet
 from ernie5.subnets.params import count_params
+from ernie5.subnets.spec import resolve
 
 SUBNETS = ("full", "k0.25", "d0.75", "w0.5", "d0.75-w0.5-k1")
 DECODINGS = {"sampled": {"temperature": 1.0, "seed": 0}, "greedy": {"temperature": 0.0}}

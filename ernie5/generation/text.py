@@ -32,7 +32,7 @@ from ernie5.model.model import Ernie5Model, ModelOutput
 from ernie5.model.rope import text_positions
 from ernie5.sequence.segments import pack, text_segment
 from ernie5.store.checkpoint import CheckpointError
-from ernie5.subnets.resolve import load_subnet
+from ernie5.subnets.spec import load_subnet
 from ernie5.tokenizers.special import BOS, EOS, PAD
 
 

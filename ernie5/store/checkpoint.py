@@ -477,7 +477,8 @@ def load_checkpoint(
     """Load a checkpoint directory written by :func:`save_checkpoint`, without unpickling.
 
     Args:
-        path: the checkpoint directory (see :func:`resolve_checkpoint` for run folders).
+        path: anything :func:`resolve_checkpoint` accepts: a checkpoint folder, a run folder (its
+            newest complete checkpoint) or a shipped checkpoint's name (``reference``).
         device: where the model's tensors are placed.
         dtype: cast floating-point parameters to this dtype (buffers such as the router bias keep
             their saved dtype); None keeps the saved dtypes, unless ``meta.json`` names a
@@ -490,7 +491,7 @@ def load_checkpoint(
         CheckpointError: missing directory or file, a file that fails verification or parsing, an
             invalid ``config.yaml``, or weights that do not fit the model ``config.yaml`` describes.
     """
-    path = Path(path)
+    path = _checkpoint_folder(path)
     meta = _read_meta(path)
     _check_files(path, meta["files"], verify)
     if dtype is None and meta.get("load_dtype") in ("float32", "bfloat16"):
@@ -675,6 +676,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
             raise CheckpointError(f"{path}: no complete checkpoint under checkpoints/")
         return max(steps)[1]
     raise CheckpointError(f"{path}: not a checkpoint or a run folder with checkpoints")
+
+
+def _checkpoint_folder(path: str | Path) -> Path:
+    """The folder :func:`load_checkpoint` reads: a shipped name or a run folder resolved by
+    :func:`resolve_checkpoint`, anything else taken as a checkpoint folder (so a missing or
+    incomplete one is reported file by file by :func:`_read_meta`)."""
+    from ernie5.store import shipped
+
+    if shipped.is_shipped_name(path) or (Path(path) / "checkpoints").is_dir():
+        return resolve_checkpoint(path)
+    return Path(path)
 
 
 def checkpoint_hash(path: str | Path) -> str:

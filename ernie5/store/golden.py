@@ -12,7 +12,7 @@ Cases (:data:`CASES`), each one packed document laid out by the project's own bu
 ``train/data.py`` and ``evals/adapter.py`` lay them out:
 
   * ``text``, ``text@k1``, ``text@d0.75-w0.5-k2``: a fixed prompt, on the full model and on two
-    elastic sub-models (resolved by ``ernie5.subnets.resolve.resolve_specs``);
+    elastic sub-models (resolved by ``ernie5.subnets.spec.resolve_specs``);
   * ``image_und``: ``BOS BOI <image> EOI`` + a question about a seeded shapes scene;
   * ``image_gen``: ``BOS <prompt> BOI <NFSP positions> EOI EOS``, teacher-forced (bit logits);
   * ``clip_und``: ``BOS BOV <clip> EOV`` + a question about a seeded moving-shape clip;
@@ -79,8 +79,8 @@ from ernie5.sequence.vision import (
     to_pixels,
     understanding_segment,
 )
-from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint, resolve_checkpoint
-from ernie5.subnets.resolve import resolve_specs
+from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint
+from ernie5.subnets.spec import resolve_specs
 from ernie5.tokenizers.special import BOS
 
 FORMAT = 1
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", metavar="FILE", help="compare with a golden JSON")
     p.add_argument("--eager", action="store_true", help="the eager maths instead of the fast paths")
     args = p.parse_args(argv)
-    ckpt = load_checkpoint(resolve_checkpoint(args.checkpoint), fast=not args.eager)
+    ckpt = load_checkpoint(args.checkpoint, fast=not args.eager)
     if args.write:
         record = golden_record(ckpt, fast=not args.eager)
         print(f"wrote {write_golden(args.write, record)} ({len(record['cases'])} cases)")

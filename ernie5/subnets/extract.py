@@ -30,7 +30,7 @@ from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE
 from ernie5.store.checkpoint import Checkpoint, save_checkpoint
 from ernie5.subnets.params import count_params
-from ernie5.subnets.resolve import load_subnet
+from ernie5.subnets.spec import load_subnet
 
 
 def subnet_config(cfg: ModelConfig, subnet: Subnet) -> ModelConfig:

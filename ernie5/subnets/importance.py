@@ -3,7 +3,7 @@
 :func:`compute_importance` measures, on calibration batches, each layer's block influence
 (``1 - cos(h_in, h_out)`` averaged over tokens, ShortGPT) and each routed expert's share of routed
 pairs; the ``layers=importance`` and ``experts=importance`` deploy selections of
-:func:`ernie5.model.elastic.resolve` use them. :func:`calibration_batches` is the fixed text they
+:func:`ernie5.subnets.spec.resolve` use them. :func:`calibration_batches` is the fixed text they
 are measured on.
 
 References:
@@ -18,14 +18,24 @@ Deviations:
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ernie5.data import procedural
-from ernie5.model.elastic import Importance
 from ernie5.model.model import Ernie5Model
 from ernie5.tokenizers.special import BOS, EOS
+
+
+@dataclass(frozen=True, slots=True)
+class Importance:
+    """Calibration statistics for importance-based deploy selection."""
+
+    layer_influence: tuple[float, ...]
+    """Block influence per layer: mean ``1 - cos(h_in, h_out)`` (ShortGPT)."""
+    expert_frequency: tuple[tuple[float, ...] | None, ...]
+    """Per layer, fraction of routed pairs per expert (None for dense layers)."""
 
 
 def calibration_batches(

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from ernie5.model.elastic import resolve
 from ernie5.model.model import Ernie5Model
+from ernie5.subnets.spec import resolve
 from evals import efficiency
 from evals.results import EFFICIENCY_COLUMNS, write_tables
 from evals.suite import EfficiencyConfig

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ernie5.config import ConfigError
-from ernie5.model.elastic import resolve
 from ernie5.store.checkpoint import load_checkpoint
+from ernie5.subnets.spec import resolve
 from evals.adapter import Ernie5EvalModel, EvalInputError
 from evals.api import GenerationRequest, LoglikelihoodRequest, MediaPart, RollingRequest
 from evals.cache import CachedModel, ResponseCache, request_key

@@ -17,9 +17,9 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.loggers import EvaluationTracker  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from ernie5.model.elastic import resolve  # noqa: E402
 from ernie5.store.checkpoint import load_checkpoint  # noqa: E402
 from ernie5.subnets.params import count_params  # noqa: E402
+from ernie5.subnets.spec import resolve  # noqa: E402
 from evals.adapter import Ernie5EvalModel  # noqa: E402
 from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest  # noqa: E402
 from evals.lm_eval_bridge import Ernie5LM, _all_local, lm_eval_units, run_lm_eval_cli  # noqa: E402

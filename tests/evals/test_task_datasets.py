@@ -226,7 +226,7 @@ def test_bad_dataset_options_are_one_line_errors(name, kwargs, needle):
 
 
 def test_without_the_option_kwargs_and_unit_fingerprints_are_unchanged(tmp_path):
-    from ernie5.model.elastic import resolve
+    from ernie5.subnets.spec import resolve
     from evals.adapter import ADAPTER_VERSION
     from evals.suite import load_suite
     from evals.sweep import _hash, plan_units, subnet_identity

@@ -16,9 +16,9 @@ from ernie5.fast.decode import FastBlock, FastErnie5Model
 from ernie5.fast.layers import RowsLinear
 from ernie5.fast.moe import FastMoE
 from ernie5.kernels import kernels
-from ernie5.model.elastic import resolve
 from ernie5.model.inputs import Inputs
 from ernie5.model.model import Ernie5Model
+from ernie5.subnets.spec import resolve
 from tests.conftest import tiny_config
 
 needs_rows = pytest.mark.skipif(

@@ -14,12 +14,12 @@ from ernie5.fast import apply_fast_paths
 from ernie5.generation.audio import AudioSampling, generate_audio, speech_prompt
 from ernie5.generation.text import generate, speculative_generate
 from ernie5.generation.vision import generate_media
-from ernie5.model.elastic import resolve
 from ernie5.model.model import Ernie5Model
 from ernie5.sequence.audio import understanding_segment
 from ernie5.sequence.segments import text_segment
 from ernie5.sequence.vision import encode_media
 from ernie5.sequence.vision import understanding_segment as vision_understanding
+from ernie5.subnets.spec import resolve
 from tests.conftest import micro_multimodal_parts, tiny_config
 from tests.stand_in_device import stand_in_device
 

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from ernie5.config import ConfigError
-from ernie5.model.elastic import resolve
 from ernie5.subnets.extract import subnet_config
+from ernie5.subnets.spec import resolve
 from jobs.cli import main
 from jobs.elastic_study import all_specs, arm_configs, load_study_config, recovery_config, variants
 from tests.conftest import ROOT, cli_env

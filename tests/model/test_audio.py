@@ -9,12 +9,13 @@ from ernie5.generation.audio import AudioSampling, generate_audio, speech_prompt
 from ernie5.generation.text import generate
 from ernie5.model.audio import END_TARGET
 from ernie5.model.config import AudioConfig
-from ernie5.model.elastic import Subnet, SubnetSpec, resolve
+from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import IGNORE, AudioInputs, Inputs
 from ernie5.model.model import Ernie5Model
 from ernie5.sequence.segments import AudioSeg, Segment, pack, text_segment
 from ernie5.subnets.extract import extract_subnet
 from ernie5.subnets.params import count_params
+from ernie5.subnets.spec import SubnetSpec, resolve
 from ernie5.tokenizers.special import BOA, BOS, EOA
 from tests.conftest import tiny_config
 

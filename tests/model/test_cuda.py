@@ -19,11 +19,11 @@ from ernie5.fast import apply_fast_paths
 from ernie5.fast.moe import FastMoE
 from ernie5.generation.text import generate, speculative_generate
 from ernie5.model.config import MoEConfig
-from ernie5.model.elastic import resolve
 from ernie5.model.inputs import Inputs, Targets
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE
 from ernie5.subnets.extract import extract_subnet
+from ernie5.subnets.spec import resolve
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -7,8 +7,8 @@ import torch
 
 from ernie5.fast import apply_fast_paths
 from ernie5.generation.text import generate, speculative_generate
-from ernie5.model.elastic import resolve
 from ernie5.model.model import Ernie5Model
+from ernie5.subnets.spec import resolve
 from tests.conftest import tiny_config
 
 

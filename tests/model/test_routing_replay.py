@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from ernie5.fast import apply_fast_paths
-from ernie5.model.elastic import SubnetSpec, resolve
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE, select_experts
+from ernie5.subnets.spec import SubnetSpec, resolve
 from tests.conftest import tiny_config
 
 B, T_PROMPT, T_RESP = 2, 5, 7

@@ -249,6 +249,11 @@ def test_resolve_run_folder(tmp_path) -> None:
     assert resolve_checkpoint(run) == run / "checkpoints" / "step_00002000"
     assert resolve_checkpoint(run / "checkpoints" / "step_00000100") == run / "checkpoints" / "step_00000100"
     assert checkpoint_hash(run) == checkpoint_hash(run / "checkpoints" / "step_00002000")
+    # load_checkpoint resolves its own argument: the run folder loads its newest complete step.
+    got = load_checkpoint(run, fast=False)
+    assert got.path == run / "checkpoints" / "step_00002000"
+    want = _model(seed=1).state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in got.model.state_dict().items())
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ import torch
 
 from ernie5.config import from_dict, read_yaml
 from ernie5.model.config import ModelConfig, MTPConfig
-from ernie5.model.elastic import resolve
 from ernie5.model.model import Ernie5Model
 from ernie5.presets import resolve_config_path
 from ernie5.subnets.params import count_instantiated, count_params
+from ernie5.subnets.spec import resolve
 from tests.conftest import tiny_config
 
 

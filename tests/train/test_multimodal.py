@@ -162,7 +162,6 @@ def test_a_run_reuses_a_checkpoints_tokenizer_and_codec(tmp_path):
     """``data.vision_tokenizer``/``data.audio_codec`` may name a checkpoint (``reference``, the shipped
     one): the run trains with its frozen parts and ships them unchanged; a part that does not fit the
     model is a one-line error naming the key."""
-    from ernie5.store.checkpoint import resolve_checkpoint
 
     def cfg(*extra):
         return load(
@@ -182,7 +181,7 @@ def test_a_run_reuses_a_checkpoints_tokenizer_and_codec(tmp_path):
 
     out = tmp_path / "run"
     pretrain(cfg(), out, quiet=True)
-    got, ref = load_checkpoint(checkpoint_dirs(out)[-1]), load_checkpoint(resolve_checkpoint("reference"))
+    got, ref = load_checkpoint(checkpoint_dirs(out)[-1]), load_checkpoint("reference")
     for a, b in ((got.vision_tokenizer, ref.vision_tokenizer), (got.audio_codec, ref.audio_codec)):
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     with pytest.raises(RunError, match=r"data\.vision_tokenizer='reference': .*does not fit"):
