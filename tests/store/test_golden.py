@@ -1,4 +1,4 @@
-"""The golden forward (``ernie5.store.golden``) on a micro multimodal checkpoint shipped like the
+"""The golden forward (``tests.store.golden``) on a micro multimodal checkpoint shipped like the
 reference (bf16 parameters, ``load_dtype: float32``): deterministic, round-trips through its file,
 insensitive to fast vs eager kernels, and sensitive to a real change of the maths."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from ernie5.model.rope import inv_frequencies
-from ernie5.store import golden
 from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import micro_multimodal_parts
+from tests.store import golden
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
 """The shipped ``reference`` checkpoint: present, intact, small, bf16, and still computing what it
-computed when it was trained (its golden forward, ``ernie5.store.golden``).
+computed when it was trained (its golden forward, ``tests.store.golden``).
 
 A missing reference fails (never skips): the package ships it. When a change to the model's maths is
 intended, retrain or convert the reference and regenerate the golden file::
 
     ernie5 recipe reference --out DIR --install
-    python -m ernie5.store.golden --checkpoint reference --write tests/store/golden_reference.json
+    python -m tests.store.golden --checkpoint reference --write tests/store/golden_reference.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import torch
 from safetensors import safe_open
 
 from ernie5.model.model import Ernie5Model
-from ernie5.store import golden
 from ernie5.store.checkpoint import (
     MODEL_FILE,
     Checkpoint,
@@ -26,6 +25,7 @@ from ernie5.store.checkpoint import (
     load_checkpoint,
     resolve_checkpoint,
 )
+from tests.store import golden
 
 GOLDEN_FILE = Path(__file__).with_name("golden_reference.json")
 MAX_BYTES = 30 * 1024 * 1024
@@ -33,7 +33,7 @@ MAX_BYTES = 30 * 1024 * 1024
 RETRAIN = (
     "the shipped reference's forward changed: retrain or convert the reference "
     "(ernie5 recipe reference --out DIR --install), then regenerate the golden file "
-    "(python -m ernie5.store.golden --checkpoint reference --write tests/store/golden_reference.json)"
+    "(python -m tests.store.golden --checkpoint reference --write tests/store/golden_reference.json)"
 )
 
 
@@ -72,7 +72,7 @@ def test_the_reference_computes_its_golden_forward():
     if not GOLDEN_FILE.is_file():
         pytest.fail(
             f"{GOLDEN_FILE} is missing: generate it with "
-            "python -m ernie5.store.golden --checkpoint reference --write tests/store/golden_reference.json"
+            "python -m tests.store.golden --checkpoint reference --write tests/store/golden_reference.json"
         )
     lines = golden.check_golden(reference, GOLDEN_FILE)
     if lines:

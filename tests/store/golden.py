@@ -44,8 +44,8 @@ another machine would show up as a mismatch of its case, which is then worth a l
 
 Usage::
 
-    python -m ernie5.store.golden --checkpoint reference --write tests/store/golden_reference.json
-    python -m ernie5.store.golden --checkpoint reference --check tests/store/golden_reference.json
+    python -m tests.store.golden --checkpoint reference --write tests/store/golden_reference.json
+    python -m tests.store.golden --checkpoint reference --check tests/store/golden_reference.json
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ def check_golden(ckpt: Checkpoint, path: str | Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``--write FILE`` records the golden forward; ``--check FILE`` compares (exit 1 on mismatch)."""
-    p = argparse.ArgumentParser(prog="python -m ernie5.store.golden", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tests.store.golden", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="a checkpoint folder, run folder or 'reference'")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="FILE", help="write the golden JSON")
