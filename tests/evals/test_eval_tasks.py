@@ -45,7 +45,7 @@ def _is_procedural(cls: type[Task]) -> bool:
 
 
 def _root_for(cls: type[Task], data_root_request: pytest.FixtureRequest):
-    return None if _is_procedural(cls) else data_root_request.getfixturevalue("data_root")
+    return None if _is_procedural(cls) else data_root_request.getfixturevalue("task_data_root")
 
 
 def _answer(model: RandomModel, requests: list) -> list:
@@ -223,7 +223,7 @@ def test_fingerprint_data(name, request, tmp_path):
     if _is_procedural(cls):
         assert task.fingerprint_data(None) == ""
         return
-    root = request.getfixturevalue("data_root")
+    root = request.getfixturevalue("task_data_root")
     digest = task.fingerprint_data(root)
     assert len(digest) == 64 and digest == task.fingerprint_data(root)
     with pytest.raises(DataMissing):
