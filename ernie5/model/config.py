@@ -91,6 +91,12 @@ class VisionConfig:
     """Adjacent frames merged for video understanding (2 x 2 x 4)."""
     max_frames: int = 16
     """Longest clip."""
+    vit_stem: str = "patch"
+    """How the ViT embeds pixels: ``patch`` (one linear map per ``patch`` x ``patch`` patch, as ViT) or
+    ``conv`` (three 3x3 convolutions, two of stride 2, as the early-convolution ViTs)."""
+    merger_positions: bool = False
+    """Learned embeddings of a token's frame and cell inside its merge group, added before the merger's
+    attention (without them the mean-pooled group cannot tell the order of its frames)."""
 
     def __post_init__(self) -> None:
         check(
@@ -113,6 +119,11 @@ class VisionConfig:
             f"vit_heads={self.vit_heads} must divide vit_dim={self.vit_dim}",
         )
         check(self.merge_frames >= 1 and self.max_frames >= 1, "merge_frames and max_frames must be >= 1")
+        check(self.vit_stem in ("patch", "conv"), f"vit_stem={self.vit_stem!r}: expected patch|conv")
+        check(
+            self.vit_stem == "patch" or self.patch == 4,
+            f"vit_stem='conv' needs a patch of 4 pixels, got image_size/latent_size={self.patch}",
+        )
 
     @property
     def patch(self) -> int:

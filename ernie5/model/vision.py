@@ -24,6 +24,7 @@ References:
     patch merger), §2.2.3 (NFSP, scale-wise causal mask, Uni-RoPE centre alignment, coarse-scale
     loss weighting, bit-flip self-correction).
   * VAR (arXiv 2404.02905), Infinity (arXiv 2412.04431), VideoAR (arXiv 2601.05966).
+  * Xiao et al., "Early convolutions help transformers see better" (arXiv 2106.14881): the conv stem.
 
 Deviations:
   1. The ViT is small and trained from scratch with the backbone (no pretrained vision foundation
@@ -40,6 +41,16 @@ Deviations:
      backbone's first RMSNorm then divides the image-dependent part (and its gradient) by it, and
      understanding does not train (measured: a merged vector of norm ~78 varying by ~0.6 across
      MNIST digits; answer loss stuck at chance after 300 steps of 80 % MNIST).
+  5. ``vit_stem: conv`` (option; default ``patch``, the report's ViT) embeds pixels with three 3x3
+     convolutions instead of one linear map per patch, as the early-convolution ViTs do. At this
+     scale it is what lets the ViT learn shapes of strokes rather than pixel positions: a 32-wide
+     one-layer ViT classifier on MNIST's train split, augmented, reads 0.969 of MNIST's test split,
+     0.945 of USPS and 0.759 of Semeion with it, against 0.949 / 0.939 / 0.694 with the patch stem.
+  6. ``merger_positions`` (option; default off, as the report's merger) adds learned embeddings of a
+     token's frame and cell inside its merge group before the merger's attention. Without positions
+     the merger pools a set, so the order of the ``merge_frames`` frames it merges, and with it a
+     clip's motion direction, cannot reach the backbone (measured: direction answered at chance,
+     0.26, after 600 steps of a clip proxy whose content questions reach 0.997).
 """
 
 from __future__ import annotations
@@ -130,12 +141,26 @@ class _EncoderLayer(nn.Module):
         return x_BND + self.mlp(self.norm2(x_BND))
 
 
+def conv_stem(dim: int) -> nn.Sequential:
+    """Three 3x3 convolutions (stride 1, 2, 2) from RGB to ``dim`` channels: a 4x downsampling stem."""
+    return nn.Sequential(
+        nn.Conv2d(3, dim // 2, 3, 1, 1),
+        nn.GELU(),
+        nn.Conv2d(dim // 2, dim, 3, 2, 1),
+        nn.GELU(),
+        nn.Conv2d(dim, dim, 3, 2, 1),
+    )
+
+
 class ViT(nn.Module):
     """A small ViT over one frame: patches of ``patch`` pixels -> a ``latent x latent`` feature grid."""
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
-        self.embed = nn.Conv2d(3, cfg.vit_dim, cfg.patch, stride=cfg.patch)
+        if cfg.vit_stem == "conv":
+            self.embed = conv_stem(cfg.vit_dim)
+        else:
+            self.embed = nn.Conv2d(3, cfg.vit_dim, cfg.patch, stride=cfg.patch)
         self.pos = nn.Parameter(torch.zeros(1, cfg.latent_size**2, cfg.vit_dim))
         self.layers = nn.ModuleList(_EncoderLayer(cfg.vit_dim, cfg.vit_heads) for _ in range(cfg.vit_layers))
         self.norm = nn.LayerNorm(cfg.vit_dim)
@@ -158,6 +183,9 @@ class PatchMerger(nn.Module):
         self.cnn_norm = nn.LayerNorm(cfg.cnn_channels)
         self.cnn_proj = nn.Linear(cfg.cnn_channels, cfg.vit_dim)
         self.type_emb = nn.Parameter(torch.zeros(2, cfg.vit_dim))  # which path a token came from
+        if cfg.merger_positions:  # a token's frame and cell inside its group (the group's order is (t, y, x))
+            self.frame_emb = nn.Parameter(torch.zeros(cfg.merge_frames, cfg.vit_dim))
+            self.cell_emb = nn.Parameter(torch.zeros(cfg.merge * cfg.merge, cfg.vit_dim))
         self.attn = _EncoderLayer(cfg.vit_dim, cfg.vit_heads)
         self.norm = nn.LayerNorm(cfg.vit_dim)
         self.out = nn.Linear(cfg.vit_dim, d_model)
@@ -165,6 +193,11 @@ class PatchMerger(nn.Module):
     def forward(self, cnn_GKC: torch.Tensor, vit_GKD: torch.Tensor) -> torch.Tensor:
         """``G`` groups of ``K`` patches from each path -> ``(G, d_model)``."""
         cnn = self.cnn_proj(self.cnn_norm(cnn_GKC))
+        if hasattr(self, "frame_emb"):
+            cells = self.cell_emb.shape[0]
+            frames = cnn.shape[1] // cells
+            pos = (self.frame_emb[:frames, None] + self.cell_emb[None]).reshape(frames * cells, -1)
+            cnn, vit_GKD = cnn + pos, vit_GKD + pos
         tokens = torch.cat([cnn + self.type_emb[0], vit_GKD + self.type_emb[1]], dim=1)
         return self.out(self.norm(self.attn(tokens).mean(dim=1)))
 

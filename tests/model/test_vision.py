@@ -167,3 +167,48 @@ def test_checkpoint_carries_the_vision_tokenizer(vtok, tmp_path):
     assert ck.vision_tokenizer is not None
     x = to_pixels(_images(2), clip=False)
     assert torch.equal(ck.vision_tokenizer.encode(x).bits[-1], vtok.encode(x).bits[-1])
+
+
+def test_conv_stem_gives_the_patch_stems_grid(vtok):
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    conv = Ernie5Model(tiny_config(max_seq_len=512, vision=replace(VCFG, vit_stem="conv")))
+    assert isinstance(conv.vision.vit.embed, torch.nn.Sequential)
+    enc = encode_media(vtok, to_pixels(_images(2), clip=False), codes=False)
+    emb = conv.vision.understanding_embeds(enc.pixels, enc.cnn)
+    assert emb.shape == _model().vision.understanding_embeds(enc.pixels, enc.cnn).shape
+    emb.sum().backward()
+    assert conv.vision.vit.embed[0].weight.grad.abs().sum() > 0
+
+
+def test_vision_config_checks_the_stem():
+    with pytest.raises(ValueError, match=r"vit_stem='pixels': expected patch\|conv"):
+        VisionConfig(enabled=True, vit_stem="pixels")
+    with pytest.raises(ValueError, match="vit_stem='conv' needs a patch of 4 pixels, got .*=8"):
+        VisionConfig(enabled=True, vit_stem="conv", latent_size=4, scales=(1, 2, 4))
+
+
+def test_merger_positions_tell_the_order_of_frames():
+    """Without positions the merger pools a set (frame order within a group is invisible); with them
+    the same tokens in another frame order merge to another vector. Default off: no new parameters."""
+    from dataclasses import replace
+
+    from ernie5.model.vision import PatchMerger
+
+    cells, frames = VCFG.merge * VCFG.merge, VCFG.merge_frames
+    cnn = torch.randn(3, frames * cells, VCFG.cnn_channels)
+    vit = torch.randn(3, frames * cells, VCFG.vit_dim)
+    reverse = torch.arange(frames * cells).view(frames, cells).flip(0).reshape(-1)
+    torch.manual_seed(0)
+    plain = PatchMerger(VCFG, 32)
+    assert not any("frame_emb" in k or "cell_emb" in k for k in plain.state_dict())
+    torch.testing.assert_close(plain(cnn, vit), plain(cnn[:, reverse], vit[:, reverse]))
+    torch.manual_seed(0)
+    placed = PatchMerger(replace(VCFG, merger_positions=True), 32)
+    with torch.no_grad():
+        placed.frame_emb.normal_()
+        placed.cell_emb.normal_()
+    assert not torch.allclose(placed(cnn, vit), placed(cnn[:, reverse], vit[:, reverse]), atol=1e-4)
+    image = placed(cnn[:, :cells], vit[:, :cells])  # an image's group: one frame
+    assert image.shape == (3, 32)
