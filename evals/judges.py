@@ -68,11 +68,14 @@ class DigitJudge:
         return f"digit-v{DIGIT_JUDGE_VERSION}"
 
     @torch.no_grad()
+    def probabilities(self, images: np.ndarray) -> np.ndarray:
+        """``P(digit | image)``, ``float32 (N, 10)``, for uint8 images ``(N, H, W[, 3])``."""
+        return self.net(_to_input(images)).softmax(-1).numpy()
+
     def predict(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Predicted digit and its probability for uint8 images ``(N, H, W[, 3])``."""
-        probs = self.net(_to_input(images)).softmax(-1)
-        conf, pred = probs.max(-1)
-        return pred.numpy(), conf.numpy()
+        probs = self.probabilities(images)
+        return probs.argmax(-1), probs.max(-1)
 
 
 def _cache_dir() -> Path:

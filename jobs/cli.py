@@ -397,6 +397,24 @@ def cmd_tasks(args) -> int:
     return 0
 
 
+def cmd_specialists(args) -> int:
+    """``ernie5 specialists``."""
+    from ernie5.data.root import resolve_data_dir
+    from evals.specialists import suite_specialists
+
+    report = suite_specialists(args.suite, resolve_data_dir(args.data_dir))
+    if args.json:
+        _print_json(report)
+    else:
+        for r in report["rows"]:
+            print(
+                f"{r['task']:24s} {r['metric']:20s} {r['value']:.3f} ± {1.96 * r['stderr']:.3f}  n={r['n']}"
+            )
+        for s in report["skipped"]:
+            print(f"{s['task']:24s} skipped: {s['reason']}")
+    return 0
+
+
 def cmd_sweep(args) -> int:
     """``ernie5 sweep``."""
     from evals.results import LOCK_FILE
@@ -697,6 +715,15 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     ta.add_argument("--json", action="store_true", help="print JSON")
     ta.set_defaults(fn=cmd_tasks)
+
+    sp = sub.add_parser(
+        "specialists",
+        help="score the specialist baselines (a small model trained for one task) on a suite's items",
+    )
+    sp.add_argument("--suite", required=True, help="suite name (nightly, reference, ...) or YAML file")
+    sp.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.set_defaults(fn=cmd_specialists)
 
     sw = sub.add_parser("sweep", help="evaluate every (sub-model, task) unit of a suite on a checkpoint")
     sw.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder")
