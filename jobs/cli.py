@@ -43,6 +43,7 @@ class CLIError(Exception):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from ernie5.config import ConfigError
     from ernie5.data.root import DataDirError, DataMissing
+    from ernie5.data.voices import VoicesUnavailable
     from ernie5.generation.text import GenerationError
     from ernie5.store.checkpoint import CheckpointError
     from ernie5.subnets.spec import SubnetError
@@ -57,6 +58,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         DataDirError,
         GenerationError,
         TokenizerError,
+        VoicesUnavailable,
     ]
     from ernie5.data.text import DataCorrupt
     from ernie5.tokenizers.refiner import RefinerError

@@ -17,6 +17,14 @@ a seed; the test split, which the harness scores, is never read, and neither is 
 held-out speaker ``ernie5.data.audio.FSDD_UNSEEN_SPEAKER``, whose voice the harness's unseen-speaker
 scores are measured on).
 
+Two sources widen the voices the understanding documents are heard in (speaker independence; no
+generation document is ever in a synthetic or perturbed voice, so TTS still imitates real speakers):
+``fsdd_varied`` draws ``fsdd``'s documents but passes the waveform of every recognition and
+spoken-digit document through :func:`ernie5.data.voices.augment_speech` (speed, room, tilt, gain,
+noise); ``espeak`` asks for the transcript or the digit of eSpeak NG speech in random accents, voice
+variants and prosody (:func:`ernie5.data.voices.digit_corpus`: ``ESPEAK_UTTERANCES`` utterances made
+once into ``$ERNIE5_CACHE_DIR/voices/``, so every run and resume hears the same waves), augmented too.
+
 Speaker ids (the TTS ``<speaker>`` start position) are the seen speakers' positions in
 ``FSDD_SPEAKERS`` (unchanged by the hold-out, so the rows of the seen speakers stay where they were);
 the held-out speaker has none (:func:`speaker_id` gives -1 for it).
@@ -110,6 +118,39 @@ def _fsdd(rng: random.Random, data) -> AudioDoc:
     return AudioDoc("und", u.wave, text=_qa(SPEAKER_QUESTION, spk))
 
 
+def _heard(rng: random.Random, wave: np.ndarray) -> np.ndarray:
+    from ernie5.data.voices import augment_speech
+
+    return augment_speech(wave, np.random.default_rng(rng.randrange(2**63)))
+
+
+def _fsdd_varied(rng: random.Random, data) -> AudioDoc:
+    doc = _fsdd(rng, data)
+    if doc.kind == "gen" or SPEAKER_QUESTION in doc.text:
+        return doc  # the voice is what these documents are about
+    return AudioDoc("und", _heard(rng, doc.wave), text=doc.text)
+
+
+def _espeak(rng: random.Random, corpus) -> AudioDoc:
+    u = rng.choice(corpus)
+    single = len(u.text.split()) == 1
+    text = _qa(DIGIT_SPOKEN_QUESTION, u.text) if single and rng.random() < 0.3 else transcript_text(u.text)
+    return AudioDoc("und", _heard(rng, u.wave), text=text)
+
+
+ESPEAK_UTTERANCES = 3000
+"""Synthetic utterances in the ``espeak`` source (1-5 digits each; ~2 ms each to make)."""
+
+
+def _espeak_corpus(_data_dir: Path | None):
+    import os
+
+    from ernie5.data.voices import digit_corpus
+
+    cache = Path(os.environ.get("ERNIE5_CACHE_DIR", Path.home() / ".cache" / "ernie5")) / "voices"
+    return digit_corpus(cache / f"digits-{ESPEAK_UTTERANCES}-s0.npz", ESPEAK_UTTERANCES, seed=0)
+
+
 def _fsdd_train(data_dir: Path | None):
     from ernie5.data.audio import fsdd_utterances
 
@@ -123,6 +164,8 @@ def _fsdd_train(data_dir: Path | None):
 AUDIO_SOURCES: dict[str, tuple[Callable, Callable | None]] = {
     "dtmf": (_dtmf, None),
     "fsdd": (_fsdd, _fsdd_train),
+    "fsdd_varied": (_fsdd_varied, _fsdd_train),
+    "espeak": (_espeak, _espeak_corpus),
 }
 """Source name -> (document function, loader of the data it needs or None)."""
 

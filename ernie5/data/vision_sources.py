@@ -14,7 +14,12 @@ evaluation agree:
 
 Sources: ``shapes`` (the procedural shapes world: always available, what a fresh machine trains
 on), ``mnist`` (the train split of the 10k MNIST test images), ``moving_shapes`` and
-``moving_digits`` (clips).
+``moving_digits`` (clips). Their ``_varied`` twins draw the same generation documents but vary the
+pixels of the understanding ones, so that what is learned is the digit or the shape rather than one
+collection's style: ``mnist_varied`` augments the digit (:mod:`ernie5.data.digit_augment`) and, one
+time in ``FONT_SHARE``, asks about a typeset digit instead (:func:`ernie5.data.digit_sources.font_digit`);
+``shapes_varied`` draws the scene's shapes at a random radius (0.7-1.2 x the default) and offset
+inside their cells. The harness's evaluated items are never varied.
 """
 
 from __future__ import annotations
@@ -107,6 +112,51 @@ def _mnist(rng: random.Random, size: int, data, und_p: float) -> MediaDoc:
     return MediaDoc("und", img, False, text=qa_text(DIGIT_QUESTION, str(label)))
 
 
+FONT_SHARE = 0.25
+"""Share of ``mnist_varied``'s understanding documents about a typeset digit."""
+
+
+def _mnist_varied(rng: random.Random, size: int, data, und_p: float) -> MediaDoc:
+    from ernie5.data.digit_augment import augment_digit
+    from ernie5.data.digit_sources import font_digit
+    from ernie5.data.mnist import digit_image
+
+    images, labels = data
+    i = rng.randrange(len(images))
+    label = int(labels[i])
+    if _generates(rng, und_p):
+        return MediaDoc("gen", digit_image(images[i], size), False, prompt=digit_prompt(label))
+    if rng.random() < FONT_SHARE:
+        label = rng.randrange(10)
+        digit = font_digit(label, rng)
+    else:
+        digit = images[i]
+    img = digit_image(augment_digit(digit, rng), size)
+    return MediaDoc("und", img, False, text=qa_text(DIGIT_QUESTION, str(label)))
+
+
+def _shapes_varied(rng: random.Random, size: int, _data, und_p: float) -> MediaDoc:
+    from ernie5.data import shapes
+
+    if _generates(rng, und_p):
+        return _shapes(random.Random(rng.randrange(2**63)), size, None, 0.0)
+    scene = shapes.random_scene(rng)
+    radius = shapes.RADIUS * rng.uniform(0.7, 1.2)
+    slack = max(0.0, 1.0 / (2 * shapes.GRID) - radius)  # how far a shape can move and stay in its cell
+    objects = []
+    for s in scene.shapes:
+        cy, cx = shapes.cell_centre(s.cell)
+        objects.append((s.kind, s.color, cy + rng.uniform(-slack, slack), cx + rng.uniform(-slack, slack)))
+    img = shapes.draw_objects(objects, size, radius)
+    qas = (
+        shapes.attribute_questions(scene, rng)
+        if rng.random() < 0.5
+        else shapes.relational_questions(scene, rng)
+    )
+    text = qa_text(qas[0].question, qas[0].answer) if qas else f"Caption: {shapes.caption(scene)}.\n"
+    return MediaDoc("und", img, False, text=text)
+
+
 def _moving_shapes(rng: random.Random, size: int, _data, und_p: float) -> MediaDoc:
     from ernie5.data import shapes
     from ernie5.data.moving import DIRECTIONS, moving_shape_clip
@@ -148,6 +198,8 @@ def _mnist_train(data_dir: Path | None):
 MEDIA_SOURCES: dict[str, tuple[Callable, Callable | None]] = {
     "shapes": (_shapes, None),
     "mnist": (_mnist, _mnist_train),
+    "mnist_varied": (_mnist_varied, _mnist_train),
+    "shapes_varied": (_shapes_varied, None),
     "moving_shapes": (_moving_shapes, None),
     "moving_digits": (_moving_digits, _mnist_train),
 }

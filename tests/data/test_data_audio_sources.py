@@ -1,4 +1,5 @@
-"""The pretraining mixture's FSDD source: seen speakers' train split only, never the held-out speaker."""
+"""The pretraining mixture's audio sources: FSDD (seen speakers' train split only, never the held-out
+speaker), its perturbed twin and the synthetic voices."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ernie5.data import voices
 from ernie5.data.audio import (
     FSDD_SPEAKERS,
     FSDD_TRAIN_SPEAKERS,
@@ -17,7 +19,13 @@ from ernie5.data.audio import (
     SAMPLE_RATE,
     fsdd_utterances,
 )
-from ernie5.data.audio_sources import AUDIO_SOURCES, SPEAKER_QUESTION, open_audio_source, speaker_id
+from ernie5.data.audio_sources import (
+    AUDIO_SOURCES,
+    DIGIT_SPOKEN_QUESTION,
+    SPEAKER_QUESTION,
+    open_audio_source,
+    speaker_id,
+)
 from ernie5.data.root import DataMissing
 
 
@@ -69,3 +77,33 @@ def test_fsdd_training_source_never_yields_the_unseen_speaker(fsdd_root):
     answers = {d.text.split("Answer:")[1].strip() for d in docs if SPEAKER_QUESTION in d.text}
     assert answers and answers <= set(FSDD_TRAIN_SPEAKERS)
     assert not {_digest(d.wave) for d in docs} & unseen  # no single recording of the held-out speaker
+
+
+def test_fsdd_varied_perturbs_only_what_is_not_about_the_voice(fsdd_root):
+    plain, varied = open_audio_source("fsdd", fsdd_root), open_audio_source("fsdd_varied", fsdd_root)
+    changed = kept = 0
+    for seed in range(60):
+        a, b = plain(random.Random(seed)), varied(random.Random(seed))
+        assert (a.kind, a.prompt, a.text, a.speaker) == (b.kind, b.prompt, b.text, b.speaker)
+        if a.kind == "gen" or SPEAKER_QUESTION in a.text:
+            assert np.array_equal(a.wave, b.wave)  # TTS and speaker documents keep the real voice
+            kept += 1
+        else:
+            assert b.wave.dtype == np.float32 and np.abs(b.wave).max() <= 1.0
+            changed += not (len(a.wave) == len(b.wave) and np.array_equal(a.wave, b.wave))
+    assert kept and changed >= 20
+
+
+@pytest.mark.skipif(not voices.available(), reason=voices.HOW_TO_GET)
+def test_espeak_source_is_understanding_only_and_cached(tmp_path, monkeypatch):
+    import ernie5.data.audio_sources as sources
+
+    monkeypatch.setenv("ERNIE5_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(sources, "ESPEAK_UTTERANCES", 12)
+    draw = open_audio_source("espeak", None)
+    assert (tmp_path / "voices" / "digits-12-s0.npz").is_file()
+    docs = [draw(random.Random(i)) for i in range(30)]
+    assert all(d.kind == "und" and d.speaker == -1 for d in docs)
+    assert all(d.text.startswith("Transcript: ") or DIGIT_SPOKEN_QUESTION in d.text for d in docs)
+    again = open_audio_source("espeak", None)  # read back from the cache: the same documents
+    assert all(np.array_equal(draw(random.Random(i)).wave, again(random.Random(i)).wave) for i in range(5))
