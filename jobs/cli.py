@@ -65,7 +65,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from evals.results import RunLocked
     from evals.verifiers import VerifierError
     from reports.load import ReportError
-    from train.loop import RunError
+    from train.common.run_folder import RunError
 
     errors += [DataCorrupt, EvalInputError, RunError, ReportError, RefinerError, VisionTokenizerError]
     errors.append(VerifierError)

@@ -229,7 +229,7 @@ def run_recipe(
     backbone = out / "backbone"
 
     def train_backbone() -> bool:
-        from train.loop import checkpoint_dirs
+        from train.common.run_folder import checkpoint_dirs
 
         if any(c.name == f"step_{bcfg.train.steps:08d}" for c in checkpoint_dirs(backbone)):
             return False

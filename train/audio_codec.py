@@ -76,6 +76,8 @@ from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.audio_features import log_mel
 from ernie5.tokenizers.audio_quant import code_usage
 from ernie5.tokenizers.audio_teacher import MFCCKMeansTeacher, SemanticTeacher, build_teacher
+from train.common.optim import OptimConfig, make_adamw, param_groups
+from train.common.schedule import ScheduleConfig, cosine_progress, lr_at
 
 SOURCES = ("dtmf", "fsdd", "fsdd_seq", "ljspeech")
 """Training sources, in the order their weights are listed."""
@@ -154,11 +156,7 @@ class AudioCodecTrainConfig:
         check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         lo, hi = self.crop_s
         check(0 < lo <= hi, f"crop_s={list(self.crop_s)} must satisfy 0 < low <= high")
-        check(self.lr > 0, f"lr={self.lr} must be > 0")
-        check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
-        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        check(all(0 <= b < 1 for b in self.betas), f"betas={list(self.betas)} must be in [0, 1)")
-        check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
+        _ = self.optim, self.schedule  # they check lr, betas, weight_decay, grad_clip and the schedule
         weights = (self.stft_weight, self.mel_weight, self.wave_weight, self.commit_weight)
         check(all(w >= 0 for w in weights), "loss weights must be >= 0")
         check(
@@ -182,19 +180,21 @@ class AudioCodecTrainConfig:
             "codec.teacher='whisper' needs whisper_source (a Whisper model id or folder)",
         )
 
+    @property
+    def optim(self) -> OptimConfig:
+        """The AdamW of these fields (torch's own step, no fused kernel)."""
+        return OptimConfig(
+            lr=self.lr,
+            betas=self.betas,
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+            fused=False,
+        )
 
-# ---------------------------------------------------------------------- schedule
-def lr_at(step: int, cfg: AudioCodecTrainConfig, time_fraction: float = 0.0) -> float:
-    """Linear warmup to ``lr``, then a half cosine to ``min_lr_ratio * lr`` at the last step.
-
-    ``time_fraction`` (the share of a time budget already used) advances the cosine when it is further
-    along than the step count, so a budgeted run still ends at the low learning rate.
-    """
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, max((step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps), time_fraction))
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    @property
+    def schedule(self) -> ScheduleConfig:
+        """Linear warmup, then a half cosine to ``min_lr_ratio * lr`` at the last step."""
+        return ScheduleConfig(kind="cosine", warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
 
 
 # ---------------------------------------------------------------------- data
@@ -354,12 +354,6 @@ def codec_loss(
         if isinstance(teacher, MFCCKMeansTeacher):
             terms["semantic_acc"] = round(teacher.accuracy(pred.detach(), targets), 4)
     return loss, terms
-
-
-def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay = [p for p in module.parameters() if p.ndim >= 2]
-    rest = [p for p in module.parameters() if p.ndim < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
 # ---------------------------------------------------------------------- teacher
@@ -536,7 +530,7 @@ def train_audio_codec(
         data_dir: the data root (FSDD, LJSpeech); None = ``$ERNIE5_DATA_DIR``; without data, DTMF only.
         time_budget_s: optional wall-clock cap on the training steps (teacher fitting included); the run
             then stops early, says so and still evaluates and saves. With a budget the cosine schedule
-            follows whichever is further along, steps or the budget's wall clock (:func:`lr_at`), so
+            follows whichever is further along, steps or the budget's wall clock, so
             a budgeted run is not bitwise reproducible.
 
     Returns:
@@ -567,7 +561,7 @@ def train_audio_codec(
     t0 = time.perf_counter()
     teacher = fit_teacher(codec, data, cfg, random.Random(cfg.seed + 7))
     summary["teacher"] = {"kind": cfg.codec.teacher, "fit_s": round(time.perf_counter() - t0, 2)}
-    opt = torch.optim.AdamW(_param_groups(codec, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    opt = make_adamw(param_groups(codec, cfg.weight_decay, min_ndim=2), cfg.optim)
     codec.train()
     steps_run = 0
     for step in range(cfg.steps):
@@ -576,7 +570,8 @@ def train_audio_codec(
             break
         wave, sources = data.batch(cfg.batch_size, rng)
         used = 0.0 if not time_budget_s else (time.perf_counter() - t0) / time_budget_s
-        lr = lr_at(step, cfg, used)
+        progress = max(cosine_progress(step, cfg.steps, cfg.warmup_steps), used)
+        lr = lr_at(step, cfg.steps, cfg.lr, cfg.schedule, progress)
         for group in opt.param_groups:
             group["lr"] = lr
         loss, terms = codec_loss(codec, wave, cfg, teacher)

@@ -11,50 +11,8 @@ from typing import Literal
 
 from ernie5.config import check
 from ernie5.model.config import ModelConfig
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OptimConfig:
-    """AdamW."""
-
-    lr: float = 3e-3
-    """Peak learning rate."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """Adam betas."""
-    eps: float = 1e-8
-    """Adam epsilon."""
-    weight_decay: float = 0.1
-    """Decoupled weight decay on matrices (norms, router and biases are not decayed)."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip (0 = off)."""
-    fused: bool = True
-    """Fused AdamW kernel (about 8x faster than the default for-loop on CPU)."""
-
-    def __post_init__(self) -> None:
-        check(self.lr > 0, f"lr={self.lr} must be > 0")
-        check(all(0 <= b < 1 for b in self.betas), f"betas={list(self.betas)} must be in [0, 1)")
-        check(self.eps > 0, f"eps={self.eps} must be > 0")
-        check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
-        check(self.grad_clip >= 0, f"grad_clip={self.grad_clip} must be >= 0")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ScheduleConfig:
-    """Learning-rate schedule: warmup, then warmup-stable-decay (the paper's stage 1) or cosine."""
-
-    kind: Literal["wsd", "cosine", "constant"] = "wsd"
-    """Schedule shape after warmup."""
-    warmup_steps: int = 50
-    """Linear warmup steps from 0."""
-    decay_frac: float = 0.2
-    """WSD: fraction of all steps spent in the final linear decay."""
-    min_lr_ratio: float = 0.1
-    """Final lr as a fraction of the peak (the paper's mid-training cosine goes 1e-4 -> 1e-5)."""
-
-    def __post_init__(self) -> None:
-        check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
-        check(0 <= self.decay_frac <= 1, f"decay_frac={self.decay_frac} must be in [0, 1]")
-        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+from train.common.optim import OptimConfig
+from train.common.schedule import ScheduleConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -178,7 +136,7 @@ class TrainConfig:
 
     steps: int = 1000
     """Optimizer steps. The one field that may change on ``--resume``, and only grow (extending a run
-    moves the schedules' decay to the new end: see :mod:`train.loop` and :mod:`train.schedule`)."""
+    moves the schedules' decay to the new end: see :mod:`train.loop` and :mod:`train.common.schedule`)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
     seed: int = 0

@@ -15,7 +15,7 @@ of an uninterrupted one. A run folder's newest *complete* checkpoint is the resu
 interrupted checkpoint write is never complete), and ``metrics.jsonl`` is cut back to it.
 
 Extending a run: ``--resume`` needs the run's own config, except that ``train.steps`` may grow (a
-smaller value is a :class:`RunError`). The schedules (``train.schedule.lr_at``, and ``staged`` for the
+smaller value is a :class:`RunError`). The schedules (``train.common.schedule.lr_at``, and ``staged`` for the
 MTP weight and the router-bias speed) are functions of ``(step, train.steps)``: the steps before the
 resume point keep the values they were trained with, and from the resume point on they are
 re-evaluated over the new total, so an extended run is not the run it would have been with the larger
@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from ernie5.bench.timing import machine_peak
-from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
+from ernie5.config import dump
 from ernie5.data.root import resolve_data_dir
 from ernie5.fast import apply_fast_paths
 from ernie5.model.inputs import IGNORE, Targets
@@ -71,45 +71,27 @@ from ernie5.store.checkpoint import (
     names_media_checkpoint,
     save_checkpoint,
 )
-from ernie5.store.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
+from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.subnets.params import ParamReport, count_params
 from ernie5.tokenizers.text import TextTokenizer
-from train.config import OptimConfig, RunConfig
+from train.common.optim import make_optimizer
+from train.common.run_folder import (
+    CKPT_DIR,
+    RunError,
+    checkpoint_path,
+    cut_metrics,
+    drop_old_checkpoints,
+    load_start,
+    open_run_dir,
+)
+from train.common.schedule import lr_at, staged
+from train.config import RunConfig
 from train.data import MixtureStream, open_sources, tokenizer_corpus
 from train.elastic import sample_subnet
 from train.parallel import checkpoint as parallel_ckpt
 from train.parallel.shard import make_sharded_optimizer, parallelize
 from train.precision import MixedPrecision
 from train.prefetch import PrefetchStream, TrainKeys
-from train.schedule import lr_at, staged
-
-CKPT_DIR = "checkpoints"
-
-
-class RunError(RuntimeError):
-    """A run folder cannot be used as asked (one-line message)."""
-
-
-def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = run_dir / CKPT_DIR
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / "meta.json").is_file())
-
-
-def _param_groups(model: Ernie5Model, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and "router" not in name else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def make_optimizer(model: Ernie5Model, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over the model's parameters, matrices decayed and the rest not (``_param_groups``)."""
-    return torch.optim.AdamW(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=cfg.fused
-    )
 
 
 def _train_flops(rep: ParamReport, mtp_ran: bool, mtp_trained: bool) -> float:
@@ -157,50 +139,40 @@ class Trainer:
 
     # ---------------------------------------------------------------- setup
     def _prepare_run_dir(self, resume: bool) -> Path | None:
-        run_dir = self.run_dir
-        cfg_path = run_dir / "config.yaml"
-        ckpts = checkpoint_dirs(run_dir)
-        if not resume and (ckpts or cfg_path.exists()):
-            raise RunError(
-                f"run folder {run_dir} already holds a run; pass --resume to continue it, or a new --out"
-            )
-        if resume and cfg_path.exists():
-            try:
-                stored = from_dict(RunConfig, read_yaml(cfg_path))
-            except ConfigError as e:
-                raise RunError(f"{cfg_path}: {e}") from None
-            old_steps, steps = stored.train.steps, self.cfg.train.steps
-            # How the run is spread (processes, micro-batches per process, sharding, expert split,
-            # memory switches, device) may change at a resume; what it computes may not.
-            t = self.cfg.train
-            d = self.cfg.data
-            same_steps = replace(
+        """The checkpoint to resume (``train.common.run_folder``'s contract): how the run is spread
+        (processes, micro-batches per process, sharding, expert split, memory switches, device) may
+        change at a resume, keeping the global batch; what it computes may not."""
+        t, d = self.cfg.train, self.cfg.data
+
+        def may_change(stored: RunConfig) -> RunConfig:
+            return replace(
                 stored,
                 train=replace(
-                    stored.train, steps=steps, parallel=t.parallel, device=t.device, grad_accum=t.grad_accum
+                    stored.train, steps=t.steps, parallel=t.parallel, device=t.device, grad_accum=t.grad_accum
                 ),
                 data=replace(stored.data, workers=d.workers, prefetch=d.prefetch),
             )
-            if to_dict(same_steps) != to_dict(self.cfg):
-                diff = _first_difference(to_dict(same_steps), to_dict(self.cfg))
-                raise RunError(
-                    f"--resume with a different config than {cfg_path} ({diff}); only train.steps may grow"
-                )
-            old_world = _stored_world(run_dir)
+
+        def same_global_batch(stored: RunConfig) -> None:
+            old_world = _stored_world(self.run_dir)
             if t.grad_accum * self.dist.world != stored.train.grad_accum * old_world:
                 raise RunError(
                     f"--resume with train.grad_accum={t.grad_accum} x {self.dist.world} process(es): the "
                     f"run's global batch is {stored.train.grad_accum} x {old_world} micro-batches; "
                     "keep the product"
                 )
-            if steps < old_steps:
-                raise RunError(
-                    f"--resume with train.steps={steps} < {old_steps} of {cfg_path}: "
-                    "a run can be extended, not shortened"
-                )
-            if steps > old_steps:
-                self.extended_from = old_steps
-        return ckpts[-1] if (resume and ckpts) else None
+
+        ckpt, stored = open_run_dir(
+            self.run_dir,
+            self.cfg,
+            resume=resume,
+            steps_key="train.steps",
+            may_change=may_change,
+            check_stored=same_global_batch,
+        )
+        if stored is not None and t.steps > stored.train.steps:
+            self.extended_from = stored.train.steps
+        return ckpt
 
     def _setup(self) -> None:
         cfg = self.cfg
@@ -313,11 +285,9 @@ class Trainer:
                 }
             )
             write_json(self.run_dir / "meta.json", meta)
-            metrics = self.run_dir / "metrics.jsonl"
-            kept = [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step]
-            if self.extended_from is not None:
-                kept.append({"step": self.start_step, "event": "extended", **extensions[-1]})
-            rewrite_jsonl(metrics, kept)
+            extended = self.extended_from is not None
+            notes = [{"step": self.start_step, "event": "extended", **extensions[-1]}] if extended else []
+            cut_metrics(self.run_dir, self.start_step, notes)
 
     def _resume_train_state(self, meta: dict) -> dict:
         """Load the optimizer state of the checkpoint being resumed (the model's weights are loaded
@@ -375,17 +345,7 @@ class Trainer:
 
     def _init_from(self, path: str, tok_path: Path) -> None:
         """Start from another run's weights, tokenizer and frozen media models (fresh optimizer)."""
-        try:
-            ckpt = load_checkpoint(path, fast=False)
-        except (CheckpointError, OSError) as e:
-            raise RunError(f"train.init_from: {str(e).splitlines()[0]}") from None
-        theirs, ours = to_dict(ckpt.cfg), to_dict(self.cfg.model)
-        if theirs != ours:
-            raise RunError(
-                f"train.init_from: {path} has a different model config ({_first_difference(theirs, ours)})"
-            )
-        if ckpt.tokenizer is None:
-            raise RunError(f"train.init_from: {path} has no text tokenizer")
+        ckpt = load_start(path, self.cfg.model, "train.init_from")
         self._adopt(ckpt)
         if self.dist.main and not tok_path.exists():
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -480,7 +440,9 @@ class Trainer:
         with self._forward_context():
             out = self.compute(batch.inputs, targets=targets, subnet=subnet, return_logits=False)
         losses = out.losses
-        mtp_w = staged(step, cfg.train.steps, cfg.train.mtp_weight, cfg.train.mtp_weight_final, cfg.train)
+        mtp_w = staged(
+            step, cfg.train.steps, cfg.train.mtp_weight, cfg.train.mtp_weight_final, cfg.train.stage2_frac
+        )
         mtp = torch.stack(losses.mtp).mean() if losses.mtp else None
         total = losses.text
         if mtp is not None and mtp_w > 0:
@@ -560,7 +522,7 @@ class Trainer:
             self.cfg.train.steps,
             self.cfg.train.bias_speed,
             self.cfg.train.bias_speed_final,
-            self.cfg.train,
+            self.cfg.train.stage2_frac,
         )
         n_exp = self.cfg.model.moe.n_experts
         for i, moe in self.moe_layers.items():
@@ -584,8 +546,7 @@ class Trainer:
             return
         if not self.dist.main:
             return
-        root = self.run_dir / CKPT_DIR
-        path = root / f"step_{step:08d}"
+        path = checkpoint_path(self.run_dir, step)
         state = {"step": step, "balance_ema": self.balance_ema}
         tensors = {"torch_rng": torch.get_rng_state()}
         save_checkpoint(
@@ -617,7 +578,7 @@ class Trainer:
             plain.load_state_dict({k: v.to("cpu", torch.float32) for k, v in full.items()})
             state = {"step": step, "balance_ema": self.balance_ema, "world_size": self.dist.world}
             save_checkpoint(
-                root / f"step_{step:08d}",
+                checkpoint_path(self.run_dir, step),
                 plain,
                 tokenizer=self.tokenizer,
                 meta={
@@ -636,8 +597,7 @@ class Trainer:
         self._barrier()
 
     def _drop_old_checkpoints(self) -> None:
-        for old in checkpoint_dirs(self.run_dir)[: -self.cfg.train.keep_ckpts]:
-            shutil.rmtree(old, ignore_errors=True)
+        drop_old_checkpoints(self.run_dir, self.cfg.train.keep_ckpts)
 
     def run(self) -> dict:
         """Train to ``train.steps``; returns the last logged record."""
@@ -772,20 +732,6 @@ def _stored_world(run_dir: Path) -> int:
         return int(json.loads((run_dir / "meta.json").read_text(encoding="utf-8")).get("world_size", 1))
     except (OSError, ValueError, TypeError, AttributeError):
         return 1
-
-
-def _first_difference(a: dict, b: dict, prefix: str = "") -> str:
-    for k in sorted(set(a) | set(b)):
-        key = f"{prefix}{k}"
-        if k not in a or k not in b:
-            return f"{key} differs"
-        if isinstance(a[k], dict) and isinstance(b[k], dict):
-            sub = _first_difference(a[k], b[k], key + ".")
-            if sub:
-                return sub
-        elif a[k] != b[k]:
-            return f"{key}: {a[k]!r} -> {b[k]!r}"
-    return ""
 
 
 def pretrain(

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import io
-import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -61,6 +60,8 @@ from ernie5.metrics import psnr, ssim
 from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.refiner import Refiner, RefinerConfig, to_pixels, upsample_uint8
 from ernie5.tokenizers.vision import VisionTokenizer, reconstruct
+from train.common.optim import OptimConfig, make_adamw, param_groups
+from train.common.schedule import ScheduleConfig, lr_at
 from train.vision_tokenizer import mnist_digits
 
 
@@ -121,10 +122,7 @@ class RefinerTrainConfig:
 
     def __post_init__(self) -> None:
         check(self.steps >= 1 and self.batch_size >= 1, "steps and batch_size must be >= 1")
-        check(self.lr > 0, f"lr={self.lr} must be > 0")
-        check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
-        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
+        _ = self.optim, self.schedule  # they check lr, weight_decay, grad_clip and the schedule
         check(0 <= self.ema_decay < 1, f"ema_decay={self.ema_decay} must be in [0, 1)")
         probs = (self.mnist_fraction, self.p_tokenizer, self.p_blur, self.p_noise, self.p_jpeg)
         check(all(0 <= p <= 1 for p in probs), "mnist_fraction and p_* must be in [0, 1]")
@@ -138,16 +136,24 @@ class RefinerTrainConfig:
         check(0 <= self.sdedit_start_t <= 1, f"sdedit_start_t={self.sdedit_start_t} must be in [0, 1]")
         check(self.sdedit_steps >= 1 and self.log_every >= 1, "sdedit_steps and log_every must be >= 1")
 
+    @property
+    def optim(self) -> OptimConfig:
+        """The AdamW of these fields (torch's own step, no fused kernel)."""
+        return OptimConfig(
+            lr=self.lr,
+            betas=(0.9, 0.99),
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+            fused=False,
+        )
 
-# ---------------------------------------------------------------------- schedule
-def lr_at(step: int, cfg: RefinerTrainConfig, progress: float) -> float:
-    """Linear warmup to ``lr``, then a half cosine to ``min_lr_ratio * lr`` as ``progress`` goes 0 -> 1."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    @property
+    def schedule(self) -> ScheduleConfig:
+        """Linear warmup, then a half cosine to ``min_lr_ratio * lr`` (progress: see the module docstring)."""
+        return ScheduleConfig(kind="cosine", warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
 
 
+# ---------------------------------------------------------------------- EMA
 @torch.no_grad()
 def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
     """``ema <- decay * ema + (1 - decay) * model``, parameters and buffers."""
@@ -325,13 +331,7 @@ def train_refiner(
     generator = torch.Generator().manual_seed(cfg.seed)
     refiner = Refiner(rc)
     ema = copy.deepcopy(refiner).requires_grad_(False)
-    decay = [p for p in refiner.parameters() if p.ndim >= 2]
-    rest = [p for p in refiner.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.99),
-    )
+    opt = make_adamw(param_groups(refiner, cfg.weight_decay, min_ndim=2), cfg.optim)
     summary: dict[str, Any] = {
         "n_params": sum(p.numel() for p in refiner.parameters()),
         "mnist": train_digits is not None,
@@ -346,7 +346,7 @@ def train_refiner(
             summary["stopped_early_at_step"] = step
             break
         progress = max(step / cfg.steps, elapsed / time_budget_s if time_budget_s else 0.0)
-        lr = lr_at(step, cfg, progress)
+        lr = lr_at(step, cfg.steps, cfg.lr, cfg.schedule, progress)
         for group in opt.param_groups:
             group["lr"] = lr
         low, high = source.sample(cfg.batch_size, rng)

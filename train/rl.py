@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, fields, replace
@@ -66,7 +65,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ernie5.config import ConfigError, dump, from_dict, read_yaml, to_dict
+from ernie5.config import ConfigError, dump, from_dict, read_yaml
 from ernie5.data.audio_sources import speaker_id
 from ernie5.fast import apply_fast_paths
 from ernie5.model.elastic import Subnet
@@ -74,16 +73,18 @@ from ernie5.model.inputs import Inputs
 from ernie5.runtime.distributed import pick_device
 from ernie5.sequence.context import context_document
 from ernie5.sequence.segments import pack
-from ernie5.store.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_train_state,
-    resolve_checkpoint,
-    save_checkpoint,
+from ernie5.store.checkpoint import CheckpointError, load_train_state, resolve_checkpoint, save_checkpoint
+from ernie5.store.runs import append_jsonl, provenance, read_jsonl, write_atomic, write_json
+from train.common.optim import make_optimizer
+from train.common.run_folder import (
+    RunError,
+    checkpoint_path,
+    cut_metrics,
+    drop_old_checkpoints,
+    load_start,
+    open_run_dir,
 )
-from ernie5.store.runs import append_jsonl, provenance, read_jsonl, rewrite_jsonl, write_atomic, write_json
 from train.elastic import sample_subnet
-from train.loop import CKPT_DIR, RunError, _first_difference, checkpoint_dirs, make_optimizer
 from train.precision import MixedPrecision
 from train.rl_buffer import BatchStats, ReplayBuffer, Rollout
 from train.rl_config import RLRunConfig
@@ -201,42 +202,24 @@ class RLTrainer:
 
     # ---------------------------------------------------------------- setup
     def _prepare_run_dir(self, resume: bool) -> Path | None:
-        cfg_path = self.run_dir / "config.yaml"
-        ckpts = checkpoint_dirs(self.run_dir)
-        if not resume and (ckpts or cfg_path.exists()):
-            raise RunError(f"run folder {self.run_dir} already holds a run; pass --resume, or a new --out")
-        if resume and cfg_path.exists():
-            try:
-                stored = from_dict(RLRunConfig, read_yaml(cfg_path))
-            except ConfigError as e:
-                raise RunError(f"{cfg_path}: {e}") from None
-            same = replace(stored, rl=replace(stored.rl, steps=self.cfg.rl.steps))
-            if to_dict(same) != to_dict(self.cfg):
-                diff = _first_difference(to_dict(same), to_dict(self.cfg))
-                raise RunError(
-                    f"--resume with a different config than {cfg_path} ({diff}); only rl.steps may grow"
-                )
-            if self.cfg.rl.steps < stored.rl.steps:
-                raise RunError(
-                    f"--resume with rl.steps={self.cfg.rl.steps} < {stored.rl.steps}: runs only grow"
-                )
-        return ckpts[-1] if (resume and ckpts) else None
+        """The checkpoint to resume (``train.common.run_folder``'s contract; only ``rl.steps`` may
+        change, and only grow)."""
+        steps = self.cfg.rl.steps
+        ckpt, _ = open_run_dir(
+            self.run_dir,
+            self.cfg,
+            resume=resume,
+            steps_key="rl.steps",
+            may_change=lambda stored: replace(stored, rl=replace(stored.rl, steps=steps)),
+        )
+        return ckpt
 
     def _setup(self) -> None:
         cfg = self.cfg
         source = self.resume_dir or cfg.rl.init_from
         if not source:
             raise RunError("rl.init_from: no checkpoint to start from")
-        try:
-            ckpt = load_checkpoint(source, fast=False)
-        except (CheckpointError, OSError) as e:
-            raise RunError(f"rl.init_from: {str(e).splitlines()[0]}") from None
-        if to_dict(ckpt.cfg) != to_dict(cfg.model):
-            raise RunError(
-                f"{source}: model config differs ({_first_difference(to_dict(ckpt.cfg), to_dict(cfg.model))})"
-            )
-        if ckpt.tokenizer is None:
-            raise RunError(f"{source}: the checkpoint has no text tokenizer")
+        ckpt = load_start(source, cfg.model, "rl.init_from")
         self.ckpt = ckpt
         for task in cfg.tasks:
             need = self.verifiers[task].modality
@@ -300,8 +283,7 @@ class RLTrainer:
             }
         )
         write_json(self.run_dir / "meta.json", meta)
-        metrics = self.run_dir / "metrics.jsonl"
-        rewrite_jsonl(metrics, [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= self.start_step])
+        cut_metrics(self.run_dir, self.start_step)
 
     # ---------------------------------------------------------------- queries
     def _key(self, q: int) -> int:
@@ -705,7 +687,7 @@ class RLTrainer:
 
     # ---------------------------------------------------------------- loop
     def _checkpoint(self, step: int) -> None:
-        path = self.run_dir / CKPT_DIR / f"step_{step:08d}"
+        path = checkpoint_path(self.run_dir, step)
         buf_state, routing = self.buffer.state()
         state = {
             "step": step,
@@ -723,8 +705,7 @@ class RLTrainer:
             refiner=self.ckpt.refiner,
             audio_codec=self.ckpt.audio_codec,
         )
-        for old in checkpoint_dirs(self.run_dir)[: -self.cfg.rl.keep_ckpts]:
-            shutil.rmtree(old, ignore_errors=True)
+        drop_old_checkpoints(self.run_dir, self.cfg.rl.keep_ckpts)
 
     def run(self, until: int | None = None) -> dict:
         """Train to ``rl.steps`` (or stop after step ``until``, as an interrupted run would, leaving its

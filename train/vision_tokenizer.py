@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,8 @@ from ernie5.tokenizers.vision_losses import (
     perceptual_loss,
     reconstruction_loss,
 )
+from train.common.optim import OptimConfig, make_adamw, param_groups
+from train.common.schedule import ScheduleConfig, lr_at
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,10 +128,8 @@ class VisionTokenizerTrainConfig:
         check(self.tokenizer.mode == "2d", f"tokenizer.mode={self.tokenizer.mode!r} must be '2d'")
         check(self.steps >= 1, f"steps={self.steps} must be >= 1")
         check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
-        check(self.lr > 0 and self.video_lr > 0, "lr and video_lr must be > 0")
-        check(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps} must be >= 0")
-        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        check(self.weight_decay >= 0 and self.grad_clip >= 0, "weight_decay and grad_clip must be >= 0")
+        check(self.video_lr > 0, f"video_lr={self.video_lr} must be > 0")
+        _ = self.optim, self.schedule  # they check lr, weight_decay, grad_clip and the schedule
         weights = (
             self.rec_weight,
             self.ssim_weight,
@@ -157,17 +157,25 @@ class VisionTokenizerTrainConfig:
         check(self.eval_images >= 1 and self.eval_clips >= 1, "eval_images and eval_clips must be >= 1")
         check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
 
+    @property
+    def optim(self) -> OptimConfig:
+        """The AdamW of the 2D stage (torch's own step, no fused kernel); the 3D stage's runs at
+        ``video_lr``."""
+        return OptimConfig(
+            lr=self.lr,
+            betas=(0.9, 0.99),
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+            fused=False,
+        )
+
+    @property
+    def schedule(self) -> ScheduleConfig:
+        """The 2D stage's: linear warmup, then a half cosine to ``min_lr_ratio * lr`` at the last step."""
+        return ScheduleConfig(kind="cosine", warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
+
 
 # ---------------------------------------------------------------------- schedules
-def lr_at(step: int, cfg: VisionTokenizerTrainConfig) -> float:
-    """Linear warmup to ``lr``, then a half cosine to ``min_lr_ratio * lr`` at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def bits_at(step: int, cfg: VisionTokenizerTrainConfig, rng: random.Random) -> int:
     """Bit depth of a 2D step: the current ``bits_schedule`` stage, or w.p. ``low_bits_prob`` an earlier
     stage's (lower) depth, uniformly."""
@@ -245,12 +253,6 @@ class _TrainData:
 
 
 # ---------------------------------------------------------------------- steps
-def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay = [p for p in module.parameters() if p.ndim >= 4]
-    rest = [p for p in module.parameters() if p.ndim < 4]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-
-
 def _losses(
     tok: VisionTokenizer, x: torch.Tensor, n_bits: int, cfg: VisionTokenizerTrainConfig
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, Any]:
@@ -350,7 +352,7 @@ def train_vision_tokenizer(
         "mnist": train_digits is not None,
         "untrained": _evaluate(tok, eval_sets, depths[-1:]),
     }
-    opt = torch.optim.AdamW(_param_groups(tok, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.99))
+    opt = make_adamw(param_groups(tok, cfg.weight_decay, min_ndim=4), cfg.optim)
     disc = disc_opt = None
     if cfg.adv_weight > 0:
         disc = PatchDiscriminator(cfg.tokenizer.channels)
@@ -364,7 +366,7 @@ def train_vision_tokenizer(
             break
         x = images_to_pixels(data.images(cfg.batch_size, rng))
         n_bits = bits_at(step, cfg, rng)
-        lr = lr_at(step, cfg)
+        lr = lr_at(step, cfg.steps, cfg.lr, cfg.schedule)
         for group in opt.param_groups:
             group["lr"] = lr
         loss, terms, rec_NCHW, _ = _losses(tok, x, n_bits, cfg)
@@ -420,7 +422,7 @@ def _train_video(
     )
     tok3d = inflate(tok2d)
     result: dict[str, Any] = {"clips_2d": _evaluate(tok2d, {"clips": eval_clips}, [n_bits])}
-    opt = torch.optim.AdamW(_param_groups(tok3d, cfg.weight_decay), lr=cfg.video_lr, betas=(0.9, 0.99))
+    opt = make_adamw(param_groups(tok3d, cfg.weight_decay, min_ndim=4), replace(cfg.optim, lr=cfg.video_lr))
     t0 = time.perf_counter()
     for step in range(cfg.video_steps):
         x = clips_to_pixels(sample_clips(cfg.video_batch_size, rng, cfg.video_frames, size, data.digits))

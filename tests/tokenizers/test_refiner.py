@@ -14,7 +14,8 @@ from ernie5.config import ConfigError, dump, from_dict, load
 from ernie5.metrics import psnr
 from ernie5.tokenizers.refiner import Refiner, RefinerConfig, RefinerError, to_pixels, upsample_uint8
 from tests.conftest import without_manifest
-from train.refiner import RefinerTrainConfig, degrade, lr_at, render_pairs, train_refiner
+from train.common.schedule import lr_at
+from train.refiner import RefinerTrainConfig, degrade, render_pairs, train_refiner
 
 TINY = RefinerConfig(low_size=16, channels=(16, 32), n_res_blocks=1, time_dim=32, sample_steps=4)
 """16 px -> 32 px; the UNet runs at 16x16 and 8x8 (patch 2)."""
@@ -252,7 +253,8 @@ def test_degrade_is_seeded_and_keeps_shape():
     ],
 )
 def test_lr_schedule(step, progress, expected):
-    assert lr_at(step, RefinerTrainConfig(), progress) == pytest.approx(expected)
+    cfg = RefinerTrainConfig()
+    assert lr_at(step, cfg.steps, cfg.lr, cfg.schedule, progress) == pytest.approx(expected)
 
 
 def test_train_refiner_writes_its_folder(tmp_path):

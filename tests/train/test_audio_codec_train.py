@@ -21,10 +21,10 @@ from train.audio_codec import (
     crop,
     dtmf_keys,
     evaluate_codec,
-    lr_at,
     multi_resolution_stft_loss,
     train_audio_codec,
 )
+from train.common.schedule import lr_at
 
 
 @pytest.fixture(autouse=True)
@@ -163,8 +163,9 @@ def test_helpers():
     assert len(c) == 16 and np.count_nonzero(c) == 10 and c[c > 0].tolist() == w.tolist()
     assert dtmf_keys("four pound one star") == "4#1*"
     cfg = tiny_train_cfg(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
-    assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
-    assert lr_at(99, cfg) == pytest.approx(1e-4, rel=1e-2)
+    lr = [lr_at(s, cfg.steps, cfg.lr, cfg.schedule) for s in (0, 9, 99)]
+    assert lr[0] == pytest.approx(1e-4) and lr[1] == pytest.approx(1e-3)
+    assert lr[2] == pytest.approx(1e-4, rel=1e-2)
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import load_checkpoint
 from ernie5.tokenizers.vision import VisionTokenizer
 from ernie5.tokenizers.vision_config import VisionTokenizerConfig
+from train.common.run_folder import RunError, checkpoint_dirs
 from train.config import RunConfig
-from train.loop import RunError, checkpoint_dirs, pretrain
+from train.loop import pretrain
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ import pytest
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import load_checkpoint
+from train.common.run_folder import RunError, checkpoint_dirs
 from train.config import RunConfig
-from train.loop import RunError, checkpoint_dirs, pretrain
+from train.loop import pretrain
 
 OVERRIDES = [
     "train.steps=16",
@@ -90,7 +91,7 @@ def test_resume_with_more_steps_extends_the_run(straight_run, tmp_path):
     trained are untouched, the schedule is re-evaluated over the new total from the resume point, and
     the extension is recorded in meta.json and metrics.jsonl. Shrinking, or changing anything else, is
     refused in one line."""
-    from train.schedule import lr_at
+    from train.common.schedule import lr_at
 
     ext = tmp_path / "ext"
     shutil.copytree(straight_run, ext)

@@ -14,8 +14,9 @@ from ernie5.config import from_dict, load, to_dict
 from ernie5.presets import resolve_config_path
 from ernie5.sequence.context import context_document
 from ernie5.store.checkpoint import load_checkpoint
+from train.common.run_folder import RunError, checkpoint_dirs
 from train.config import ElasticConfig, RunConfig
-from train.loop import RunError, checkpoint_dirs, pretrain
+from train.loop import pretrain
 from train.rl import RLTrainer, rl_config
 from train.rl_buffer import Rollout
 from train.rl_config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig

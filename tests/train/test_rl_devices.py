@@ -18,7 +18,7 @@ from tests.train.rl_media import media_checkpoint, media_rl_config, step_records
 from tests.train.test_rl import ToyVerifier
 from tests.train.test_rl_audio import ShortVerifier
 from tests.train.test_rl_image import RedVerifier
-from train.loop import checkpoint_dirs
+from train.common.run_folder import checkpoint_dirs
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from ernie5.store.checkpoint import load_checkpoint
 from evals.verifiers import TaskVerifier
 from tests.train.rl_media import media_checkpoint, media_rl_config, step_records
 from tests.train.test_rl import ToyVerifier
-from train.loop import checkpoint_dirs
+from train.common.run_folder import checkpoint_dirs
 from train.rl import RLTrainer
 from train.rl_buffer import Rollout
 from train.rl_config import ObjectiveConfig, RolloutConfig

@@ -52,7 +52,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from train.config import OptimConfig, ParallelConfig
+from train.common.optim import BACKBONE_DECAY, OptimConfig, decayed
+from train.config import ParallelConfig
 from train.parallel.expert import ExpertParallelError, LocalExperts, shard_experts, take_a2a_bytes
 
 
@@ -229,10 +230,10 @@ def parallelize(
 
 def make_sharded_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     """AdamW (foreach) over the sharded parameters: matrices decayed, the rest not (as
-    ``train.loop.make_optimizer``), one group per (decay, mesh) so no foreach call mixes meshes."""
+    ``train.common.optim.make_optimizer``), one group per (decay, mesh) so no foreach call mixes meshes."""
     groups: dict[tuple, list] = {}
     for name, p in model.named_parameters():
-        decay = p.dim() >= 2 and "router" not in name
+        decay = decayed(name, p, **BACKBONE_DECAY)
         mesh = tuple(p.device_mesh.mesh_dim_names or ()) if isinstance(p, DTensor) else ()
         groups.setdefault((not decay, mesh), []).append(p)
     param_groups = [

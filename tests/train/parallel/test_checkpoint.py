@@ -10,8 +10,8 @@ from ernie5.config import load
 from ernie5.model.model import Ernie5Model
 from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
+from train.common.optim import make_optimizer
 from train.config import RunConfig
-from train.loop import make_optimizer
 from train.parallel import checkpoint as pc
 
 

@@ -93,7 +93,7 @@ def test_rl_on_the_gpu_matches_the_cpu(tmp_path):
 
     from ernie5.store.checkpoint import load_checkpoint
     from tests.train.test_rl import ToyVerifier, _cfg
-    from train.loop import checkpoint_dirs
+    from train.common.run_folder import checkpoint_dirs
     from train.rl import RLTrainer
     from train.rl_config import RLLoopConfig
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from train.config import ScheduleConfig, TrainConfig
-from train.schedule import lr_at, staged
+from train.common.schedule import ScheduleConfig, lr_at, staged
 
 
 @pytest.mark.parametrize(
@@ -28,5 +27,4 @@ def test_lr_table(kind, step, expected):
 
 
 def test_staged_switches_at_stage2():
-    cfg = TrainConfig(stage2_frac=0.8)
-    assert [staged(s, 10, 0.3, 0.1, cfg) for s in (0, 7, 8, 9)] == [0.3, 0.3, 0.1, 0.1]
+    assert [staged(s, 10, 0.3, 0.1, 0.8) for s in (0, 7, 8, 9)] == [0.3, 0.3, 0.1, 0.1]
