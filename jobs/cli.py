@@ -239,21 +239,21 @@ def _train_component(args, config_cls, train_fn, **kwargs) -> int:
 
 def cmd_train_vision_tokenizer(args) -> int:
     """``ernie5 train-vision-tokenizer``."""
-    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+    from train.side.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
 
     return _train_component(args, VisionTokenizerTrainConfig, train_vision_tokenizer)
 
 
 def cmd_train_audio_codec(args) -> int:
     """``ernie5 train-audio-codec``."""
-    from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
+    from train.side.audio_codec import AudioCodecTrainConfig, train_audio_codec
 
     return _train_component(args, AudioCodecTrainConfig, train_audio_codec)
 
 
 def cmd_train_refiner(args) -> int:
     """``ernie5 train-refiner``."""
-    from train.refiner import RefinerTrainConfig, train_refiner
+    from train.side.refiner import RefinerTrainConfig, train_refiner
 
     return _train_component(args, RefinerTrainConfig, train_refiner, tokenizer_path=args.tokenizer)
 

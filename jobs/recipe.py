@@ -153,11 +153,11 @@ def run_recipe(
     stage's config after the recipe's own, e.g. ``backbone.train.steps=8`` for a smoke run; a
     resumed recipe must be given the same ones (the stages' configs are compared).
     """
-    from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
     from train.config import RunConfig
     from train.loop import pretrain
-    from train.refiner import RefinerTrainConfig, train_refiner
-    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+    from train.side.audio_codec import AudioCodecTrainConfig, train_audio_codec
+    from train.side.refiner import RefinerTrainConfig, train_refiner
+    from train.side.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
 
     extra = split_overrides(overrides or [])
     out = Path(out)

@@ -8,8 +8,8 @@ point on, while the steps already trained keep the values they had: a WSD run re
 began returns to the peak learning rate until the new decay window, and a cosine run continues from
 the point of the longer curve that its step falls on.
 
-The side-model trainers (:mod:`train.audio_codec`, :mod:`train.vision_tokenizer`,
-:mod:`train.refiner`) run the ``cosine`` shape; those with a time budget pass the cosine's
+The side-model trainers (:mod:`train.side.audio_codec`, :mod:`train.side.vision_tokenizer`,
+:mod:`train.side.refiner`) run the ``cosine`` shape; those with a time budget pass the cosine's
 ``progress`` themselves (the larger of the step and the time fractions), so a budget-capped run still
 anneals.
 """

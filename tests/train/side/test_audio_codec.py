@@ -14,17 +14,15 @@ from ernie5.config import ConfigError, from_dict, load
 from ernie5.tokenizers.audio_codec import AudioCodec
 from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.audio_teacher import MFCCKMeansTeacher, load_teacher
-from train.audio_codec import (
+from train.common.schedule import lr_at
+from train.side.audio_codec import (
     AudioCodecTrainConfig,
     AudioCrops,
     codec_loss,
     crop,
-    dtmf_keys,
-    evaluate_codec,
     multi_resolution_stft_loss,
     train_audio_codec,
 )
-from train.common.schedule import lr_at
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +159,6 @@ def test_helpers():
     assert len(c) == 4 and np.all(np.diff(c) == 1)  # a contiguous window
     c = crop(w, 16, rng)
     assert len(c) == 16 and np.count_nonzero(c) == 10 and c[c > 0].tolist() == w.tolist()
-    assert dtmf_keys("four pound one star") == "4#1*"
     cfg = tiny_train_cfg(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
     lr = [lr_at(s, cfg.steps, cfg.lr, cfg.schedule) for s in (0, 9, 99)]
     assert lr[0] == pytest.approx(1e-4) and lr[1] == pytest.approx(1e-3)
@@ -185,17 +182,6 @@ def test_config_rejects(overrides, message):
 def test_config_strict_nested_keys():
     with pytest.raises(ConfigError, match="unknown key 'codec.n_level'"):
         from_dict(AudioCodecTrainConfig, {"codec": {"n_level": 3}})
-
-
-def test_evaluate_codec_batches_like_single_utterances():
-    codec = AudioCodec(tiny_train_cfg().codec).eval()
-    rng = np.random.default_rng(0)
-    waves = [rng.standard_normal(n).astype(np.float32) * 0.1 for n in (500, 1700, 960)]
-    batched = evaluate_codec(codec, waves, batch_size=3)
-    single = [evaluate_codec(codec, [w], batch_size=1) for w in waves]
-    for n in ("1", "2"):
-        expected = np.mean([s["levels"][n]["snr_db"] for s in single])
-        assert batched["levels"][n]["snr_db"] == pytest.approx(expected, abs=1e-2)
 
 
 def test_training_on_fsdd_evaluates_the_test_split(tmp_path, data_root):

@@ -62,7 +62,7 @@ from ernie5.tokenizers.refiner import Refiner, RefinerConfig, to_pixels, upsampl
 from ernie5.tokenizers.vision import VisionTokenizer, reconstruct
 from train.common.optim import OptimConfig, make_adamw, param_groups
 from train.common.schedule import ScheduleConfig, lr_at
-from train.vision_tokenizer import mnist_digits
+from train.side.vision_tokenizer import mnist_digits
 
 
 def _is_range(pair: tuple[float, float], lo: float, hi: float) -> bool:
