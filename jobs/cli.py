@@ -173,7 +173,7 @@ def cmd_sft(args) -> int:
 def cmd_rl(args) -> int:
     """``ernie5 rl``: reinforcement learning from a checkpoint with the harness's tasks as verifiers."""
     from ernie5.data.root import resolve_data_dir
-    from train.rl import rl, rl_config
+    from train.rl.trainer import rl, rl_config
 
     _check_out(args.out)
     cfg = rl_config(args.checkpoint, args.config, _with_device(args, "rl.device"))

@@ -23,7 +23,7 @@ from pathlib import Path
 from ernie5.store.runs import read_jsonl
 from reports.rl import write_section
 from train.common.run_folder import RunError, checkpoint_dirs
-from train.rl import rl, rl_config
+from train.rl.trainer import rl, rl_config
 
 STUDIES: dict[str, dict] = {
     "objective": {

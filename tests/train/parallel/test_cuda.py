@@ -92,10 +92,10 @@ def test_rl_on_the_gpu_matches_the_cpu(tmp_path):
     from dataclasses import replace
 
     from ernie5.store.checkpoint import load_checkpoint
-    from tests.train.test_rl import ToyVerifier, _cfg
+    from tests.train.rl.test_trainer import ToyVerifier, _cfg
     from train.common.run_folder import checkpoint_dirs
-    from train.rl import RLTrainer
-    from train.rl_config import RLLoopConfig
+    from train.rl.config import RLLoopConfig
+    from train.rl.trainer import RLTrainer
 
     base = load(RunConfig, resolve_config_path("micro"), ["train.steps=10", "data.tokenizer_chars=20000"])
     pretrain(replace(base, train=replace(base.train, device="cpu")), tmp_path / "base", quiet=True)

@@ -13,7 +13,7 @@ from ernie5.model.model import Ernie5Model
 from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import micro_multimodal_parts
 from train.config import ElasticConfig
-from train.rl_config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
+from train.rl.config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
 
 
 def media_checkpoint(folder: Path) -> Path:

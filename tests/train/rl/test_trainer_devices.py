@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import evals.tasks  # noqa: F401  (registers the tasks)
-import train.rl as rl
+import train.rl.trainer as rl
 from ernie5.store.checkpoint import load_checkpoint
 from tests.stand_in_device import stand_in_device
-from tests.train.rl_media import media_checkpoint, media_rl_config, step_records
-from tests.train.test_rl import ToyVerifier
-from tests.train.test_rl_audio import ShortVerifier
-from tests.train.test_rl_image import RedVerifier
+from tests.train.rl.rl_media import media_checkpoint, media_rl_config, step_records
+from tests.train.rl.test_trainer import ToyVerifier
+from tests.train.rl.test_trainer_audio import ShortVerifier
+from tests.train.rl.test_trainer_image import RedVerifier
 from train.common.run_folder import checkpoint_dirs
 
 

@@ -11,8 +11,8 @@ from ernie5.generation.audio import AudioSampling, generate_audio
 from ernie5.model.elastic import Subnet
 from ernie5.sequence.audio import decode_codes
 from tests.conftest import micro_multimodal_parts
-from train.rl_buffer import Rollout
-from train.rollout_audio import (
+from train.rl.buffer import Rollout
+from train.rl.rollout_audio import (
     AudioPrompt,
     AudioRolloutEngine,
     audio_learner_batch,

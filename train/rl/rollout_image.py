@@ -40,7 +40,7 @@ Deviations:
      one engine round, whatever the round's token budget (a scale is one block; the scheduler's chunking
      applies to text responses).
   5. The sampler is ``generate_media``'s own loop (``ernie5.generation.vision.sample_scales``) with a
-     draw that also keeps each position's log-prob; ``tests/train/test_rollout_image.py`` checks that
+     draw that also keeps each position's log-prob; ``tests/train/rl/test_rollout_image.py`` checks that
      both give the same pixels for the same prompts and seed.
 """
 
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +60,7 @@ from ernie5.model.inputs import Inputs
 from ernie5.sequence.segments import Segment, pack, text_segment
 from ernie5.sequence.vision import generation_segment, prompt_ids, to_uint8
 from ernie5.tokenizers.special import BOI, BOS
-from train.rl_buffer import Rollout
+from train.rl.buffer import Rollout
 
 
 def image_prompt_ids(tokenizer, prompt: str) -> list[int]:
@@ -240,3 +241,66 @@ def image_logprobs(model, batch: ImageLearnerBatch, subnet: Subnet, temperature:
         logits = logits[b:] + batch.cfg_scale * (logits[:b] - logits[b:])
     logp, ent = bit_logprobs(logits, batch.bits_BPD.to(logits.device), temperature)
     return logp, ent.detach()
+
+
+class ImageRollouts:
+    """Image answers of the RL loop (queries whose ``output`` is ``"image"``): each query's prompt, the
+    engine that samples them, their decoded images (what the judge scores), and the learner's batches
+    and log-probs."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        vision_tokenizer,
+        vision_cfg,
+        query_of: Callable[[int], Any],
+        *,
+        cfg_scale: float,
+        temperature: float,
+        seed: int,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vision_tokenizer = vision_tokenizer
+        self.vision_cfg = vision_cfg
+        self.query_of = query_of
+        self.cfg_scale = cfg_scale
+        """Guidance scale (< 0: each query's own)."""
+        self.temperature = temperature
+        self.engine = ImageRolloutEngine(
+            model, vision_tokenizer, self.prompt, temperature=temperature, seed=seed
+        )
+        self._prompts: dict[int, ImagePrompt] = {}
+
+    def prompt(self, r: Rollout) -> ImagePrompt:
+        """The prompt of ``r``'s query (built once per query)."""
+        if r.query not in self._prompts:
+            query = self.query_of(r.query)
+            scale = query.cfg_scale if self.cfg_scale < 0 else self.cfg_scale
+            self._prompts[r.query] = ImagePrompt(image_prompt_ids(self.tokenizer, query.context), scale)
+        return self._prompts[r.query]
+
+    def forget(self, queries) -> None:
+        """Drop the prompts of ``queries`` (all of them for None)."""
+        if queries is None:
+            self._prompts.clear()
+        for q in queries or ():
+            self._prompts.pop(q, None)
+
+    def advance(self, rollouts: list[Rollout], budget: int, round_: int, subnet: Subnet, version: int):
+        """One engine round (:meth:`ImageRolloutEngine.advance`: each image is generated whole)."""
+        return self.engine.advance(rollouts, budget, round_, subnet, version)
+
+    def answers(self, rows: list[Rollout]) -> np.ndarray:
+        """The decoded images of finished rollouts (:func:`decode_rollouts`)."""
+        return decode_rollouts(self.vision_tokenizer, self.vision_cfg, rows)
+
+    def learner_batch(self, rows: list[Rollout], replay: bool) -> ImageLearnerBatch:
+        """The learner's batch (:func:`image_learner_batch`; no routing replay for images)."""
+        prompts = [self.prompt(r) for r in rows]
+        return image_learner_batch(rows, prompts, self.vision_tokenizer, self.vision_cfg)
+
+    def logprobs(self, batch: ImageLearnerBatch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per generated position: log-prob and entropy summed over its bits (:func:`image_logprobs`)."""
+        return image_logprobs(self.model, batch, subnet, self.temperature)

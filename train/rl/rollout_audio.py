@@ -51,7 +51,7 @@ Deviations:
      ``generate_audio``'s for that seed.
   5. The sampler is ``generate_audio``'s own loop (:func:`ernie5.generation.audio.sample_frames`) with a
      draw (:func:`~ernie5.generation.audio.ncp_logits`, :func:`~ernie5.generation.audio.draw_codes`)
-     that also keeps each code's log-prob; ``tests/train/test_rollout_audio.py`` checks that both give
+     that also keeps each code's log-prob; ``tests/train/rl/test_rollout_audio.py`` checks that both give
      the same codes for the same prompts and seed.
 """
 
@@ -59,17 +59,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from ernie5.data.audio_sources import speaker_id
 from ernie5.generation.audio import AudioSampling, draw_codes, ncp_logits, sample_frames, speech_prompt
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
 from ernie5.sequence import audio as audio_docs
 from ernie5.sequence.segments import AudioSeg, Segment, pack, text_segment
 from ernie5.tokenizers.special import BOS
-from train.rl_buffer import Rollout
+from train.common.run_folder import RunError
+from train.rl.buffer import Rollout
 
 MIN_FRAMES = 1
 """END is barred before this many frames (``AudioSampling``'s default, what the harness samples with)."""
@@ -274,3 +277,70 @@ def audio_logprobs(model, batch: AudioLearnerBatch, subnet: Subnet, temperature:
     logp_BT = logp_P.new_zeros(b, t).masked_scatter(mask.to(logp_P.device), logp_P)
     ent_BT = ent_P.new_zeros(b, t).masked_scatter(mask.to(ent_P.device), ent_P)
     return logp_BT, ent_BT.detach()
+
+
+class AudioRollouts:
+    """Speech answers of the RL loop (queries whose ``output`` is ``"audio"``): each query's prompt, the
+    engine that samples them, their decoded waveforms (what the judge scores), and the learner's
+    batches and log-probs."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        codec,
+        audio_cfg,
+        query_of: Callable[[int], Any],
+        *,
+        temperature: float,
+        seed: int,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.codec = codec
+        self.audio_cfg = audio_cfg
+        self.query_of = query_of
+        self.temperature = temperature
+        self.engine = AudioRolloutEngine(model, self.prompt, temperature=temperature, seed=seed)
+        self._prompts: dict[int, AudioPrompt] = {}
+
+    def prompt(self, r: Rollout) -> AudioPrompt:
+        """The prompt of ``r``'s query (built once per query); a speaker the model has no embedding row
+        for is a :class:`RunError`."""
+        if r.query not in self._prompts:
+            query = self.query_of(r.query)
+            name = getattr(query, "speaker", "")
+            spk = speaker_id(name) if name else -1
+            n_spk = self.audio_cfg.n_speakers
+            if name and not 0 <= spk < n_spk:
+                raise RunError(
+                    f"rl query {query.id}: speaker {name!r} is not one this model knows "
+                    f"({n_spk} speaker-embedding rows)"
+                )
+            ids = speech_prompt_ids(self.tokenizer, query.context)
+            self._prompts[r.query] = AudioPrompt(ids, spk, query.max_new_tokens)
+        return self._prompts[r.query]
+
+    def forget(self, queries) -> None:
+        """Drop the prompts of ``queries`` (all of them for None)."""
+        if queries is None:
+            self._prompts.clear()
+        for q in queries or ():
+            self._prompts.pop(q, None)
+
+    def advance(self, rollouts: list[Rollout], budget: int, round_: int, subnet: Subnet, version: int):
+        """One engine round (:meth:`AudioRolloutEngine.advance`: each utterance is generated whole)."""
+        return self.engine.advance(rollouts, budget, round_, subnet, version)
+
+    def answers(self, rows: list[Rollout]) -> list[np.ndarray]:
+        """The decoded waveforms of finished rollouts (:func:`decode_rollouts`)."""
+        return decode_rollouts(self.codec, self.audio_cfg, rows)
+
+    def learner_batch(self, rows: list[Rollout], replay: bool) -> AudioLearnerBatch:
+        """The learner's batch (:func:`audio_learner_batch`; no routing replay for speech)."""
+        return audio_learner_batch(rows, [self.prompt(r) for r in rows], self.audio_cfg)
+
+    def logprobs(self, batch: AudioLearnerBatch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per generated frame (and END): log-prob and entropy summed over its levels
+        (:func:`audio_logprobs`)."""
+        return audio_logprobs(self.model, batch, subnet, self.temperature, self.audio_cfg.end_code)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from train.rl_buffer import ReplayBuffer, Rollout
+from train.rl.buffer import ReplayBuffer, Rollout
 
 Q, G = 4, 3
 

@@ -17,10 +17,10 @@ from ernie5.store.checkpoint import load_checkpoint
 from train.common.run_folder import RunError, checkpoint_dirs
 from train.config import ElasticConfig, RunConfig
 from train.loop import pretrain
-from train.rl import RLTrainer, rl_config
-from train.rl_buffer import Rollout
-from train.rl_config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
-from train.rollout import Prompt, RolloutEngine, rollout_document
+from train.rl.buffer import Rollout
+from train.rl.config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
+from train.rl.rollout_text import Prompt, RolloutEngine, rollout_document
+from train.rl.trainer import RLTrainer, rl_config
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ from ernie5.generation.vision import generate_media
 from ernie5.model.elastic import Subnet
 from ernie5.store.checkpoint import load_checkpoint
 from evals.verifiers import TaskVerifier
-from tests.train.rl_media import media_checkpoint, media_rl_config, step_records
-from tests.train.test_rl import ToyVerifier
+from tests.train.rl.rl_media import media_checkpoint, media_rl_config, step_records
+from tests.train.rl.test_trainer import ToyVerifier
 from train.common.run_folder import checkpoint_dirs
-from train.rl import RLTrainer
-from train.rl_buffer import Rollout
-from train.rl_config import ObjectiveConfig, RolloutConfig
-from train.rollout_image import unpack_codes
+from train.rl.buffer import Rollout
+from train.rl.config import ObjectiveConfig, RolloutConfig
+from train.rl.rollout_image import unpack_codes
+from train.rl.trainer import RLTrainer
 
 
 class RedVerifier:
@@ -69,15 +69,15 @@ def test_t2i_reward_is_the_judges_score_of_the_generated_image(mm_ckpt, tmp_path
         )
         assert reward == pytest.approx(sum(scores.values()) / len(scores))
     # and the pixels are generate_media's for that prompt when the engine's draws are replayed
-    engine = trainer.image_engine
-    ids = trainer._image_prompt(rows[0]).ids
+    engine = trainer.rollouts["image"].engine
+    ids = trainer.rollouts["image"].prompt(rows[0]).ids
     bits, _ = engine.sample([ids], 3.0, seed=9)
     want = generate_media(engine.model, ckpt.vision_tokenizer, [ids[:-1]], 1, cfg_scale=3.0, seed=9)
     assert np.array_equal(_decode(ckpt, bits[0]), want[0])
 
 
 def _decode(ckpt, bits_PD: torch.Tensor) -> np.ndarray:
-    from train.rollout_image import decode_rollouts, pack_codes
+    from train.rl.rollout_image import decode_rollouts, pack_codes
 
     return decode_rollouts(
         ckpt.vision_tokenizer, ckpt.cfg.vision, [Rollout(0, 0, tokens=pack_codes(bits_PD))]

@@ -19,13 +19,13 @@ from ernie5.sequence.audio import decode_codes
 from ernie5.store.checkpoint import load_checkpoint
 from evals.api import MediaResult
 from evals.verifiers import TaskVerifier
-from tests.train.rl_media import media_checkpoint, media_rl_config, step_records
-from tests.train.test_rl import ToyVerifier
+from tests.train.rl.rl_media import media_checkpoint, media_rl_config, step_records
+from tests.train.rl.test_trainer import ToyVerifier
 from train.common.run_folder import checkpoint_dirs
-from train.rl import RLTrainer
-from train.rl_buffer import Rollout
-from train.rl_config import RolloutConfig
-from train.rollout_audio import unpack_frames
+from train.rl.buffer import Rollout
+from train.rl.config import RolloutConfig
+from train.rl.rollout_audio import unpack_frames
+from train.rl.trainer import RLTrainer
 
 SAMPLES_PER_FRAME = 320
 """The micro codec's waveform samples per frame (8 kHz, 40 ms)."""
@@ -72,7 +72,8 @@ def test_tts_reward_is_the_judges_score_of_the_generated_speech(mm_ckpt, tmp_pat
         (wave,) = decode_codes(ckpt.audio_codec, [codes])
         errors, words = verifier.task.score(query.example, [MediaResult(wave)])["wer"]
         assert reward == pytest.approx(1.0 - min(1.0, errors / words))
-    engine, prompt = trainer.audio_engine, trainer._audio_prompt(rows[0])
+    speech = trainer.rollouts["audio"]
+    engine, prompt = speech.engine, speech.prompt(rows[0])
     codes, _, _ = engine.sample([prompt], prompt.max_frames, seed=9)
     assert engine.temperature == cfg.rollout.audio_temperature
     sampling = AudioSampling(temperature=engine.temperature, max_frames=prompt.max_frames, seed=9)

@@ -1,6 +1,6 @@
 """The RL rollout engine: batched KV-cache sampling that records behaviour log-probs and expert routing.
 
-:meth:`RolloutEngine.advance` extends a list of :class:`~train.rl_buffer.Rollout` s by at most ``budget``
+:meth:`RolloutEngine.advance` extends a list of :class:`~train.rl.buffer.Rollout` s by at most ``budget``
 tokens each: their prompts (any modality the context holds: text, images, clips, audio, through
 :func:`ernie5.sequence.context.context_document`) plus the tokens sampled so far are packed one per row
 and prefilled into a fresh KV cache with the current weights, then decoded step by step. For every sampled
@@ -18,8 +18,8 @@ References:
 
 Deviations:
   1. Text responses only here: image answers (NFSP, ``t2i_shapes``) are rolled out by
-     :mod:`train.rollout_image` and speech answers (NCP, ``tts_dtmf``, ``tts_digits``) by
-     :mod:`train.rollout_audio`, both rewarded by the task's judge.
+     :mod:`train.rl.rollout_image` and speech answers (NCP, ``tts_dtmf``, ``tts_digits``) by
+     :mod:`train.rl.rollout_audio`, both rewarded by the task's judge.
   2. Each round re-prefills the rollouts it continues (no cache kept across rounds), and a rollout's
      routing of an earlier position is the one of the latest forward over it.
 """
@@ -28,15 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ernie5.generation.text import cut_at_stop, sample_categorical
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
+from ernie5.sequence.context import context_document
 from ernie5.sequence.segments import Segment, pack, text_segment
 from ernie5.tokenizers.special import EOS
-from train.rl_buffer import Rollout
+from train.rl.buffer import Rollout
 
 
 @dataclass
@@ -167,3 +169,110 @@ class RolloutEngine:
         """The response as the harness would read it: hint + tokens (EOS dropped), cut at the stops."""
         toks = [t for t in r.hint + r.tokens if t != EOS]
         return cut_at_stop(self.tokenizer.decode(toks), stops)
+
+
+@dataclass
+class LearnerBatch:
+    """What the learner's forward over a set of text rollouts needs."""
+
+    inputs: Inputs
+    pos_BT: torch.Tensor
+    """Position whose logits predict each response token (0 past a row's response)."""
+    tok_BT: torch.Tensor
+    """The response tokens (0 past a row's response)."""
+    routing: dict[int, torch.Tensor] | None
+    """MoE layer -> ``(B, T, A)`` replayed expert ids, or None (route afresh)."""
+
+
+class TextRollouts:
+    """Text answers of the RL loop: each query's prompt (its context as one document, any modality),
+    the engine that samples them, their answers as the harness reads them, and the learner's batches
+    and log-probs."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        query_of: Callable[[int], Any],
+        *,
+        vision_tokenizer,
+        vision_cfg,
+        audio_codec,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.query_of = query_of
+        self.media = {
+            "vision_tokenizer": vision_tokenizer,
+            "vision_cfg": vision_cfg,
+            "audio_codec": audio_codec,
+        }
+        self.max_new_tokens = max_new_tokens
+        """Cap on a response's tokens (0 = each query's own budget)."""
+        self.temperature = temperature
+        self.engine = RolloutEngine(model, tokenizer, self.prompt, temperature=temperature, seed=seed)
+        self._prompts: dict[int, Prompt] = {}
+
+    def prompt(self, r: Rollout) -> Prompt:
+        """The prompt of ``r``'s query (built once per query)."""
+        if r.query not in self._prompts:
+            query = self.query_of(r.query)
+            doc = context_document(query.context, self.tokenizer, **self.media)
+            cap = self.max_new_tokens
+            budget = min(query.max_new_tokens, cap) if cap else query.max_new_tokens
+            self._prompts[r.query] = Prompt(doc, budget, tuple(query.stop))
+        return self._prompts[r.query]
+
+    def forget(self, queries) -> None:
+        """Drop the prompts of ``queries`` (all of them for None)."""
+        if queries is None:
+            self._prompts.clear()
+        for q in queries or ():
+            self._prompts.pop(q, None)
+
+    def advance(self, rollouts: list[Rollout], budget: int, round_: int, subnet: Subnet, version: int):
+        """One engine round (:meth:`RolloutEngine.advance`)."""
+        return self.engine.advance(rollouts, budget, round_, subnet, version)
+
+    def answers(self, rows: list[Rollout]) -> list[str]:
+        """Each finished rollout's response text, cut at its query's stop strings."""
+        return [self.engine.response_text(r, tuple(self.query_of(r.query).stop)) for r in rows]
+
+    def learner_batch(self, rows: list[Rollout], replay: bool) -> LearnerBatch:
+        """Prompt + response of each row packed one per row, the response tokens' positions, and the
+        rollouts' expert ids (``replay``; -1 where a position was never fed)."""
+        docs = [rollout_document(self.prompt(r), r) for r in rows]
+        lens = [sum(len(s) for s in d) for d in docs]
+        width = max(lens)
+        n_max = max(len(r.tokens) for r in rows)
+        pos_BT = torch.zeros(len(rows), n_max, dtype=torch.long)
+        tok_BT = torch.zeros(len(rows), n_max, dtype=torch.long)
+        for k, (r, n) in enumerate(zip(rows, lens, strict=True)):
+            m = len(r.tokens)
+            pos_BT[k, :m] = torch.arange(n - m - 1, n - 1)  # response token j is predicted at n - m - 1 + j
+            tok_BT[k, :m] = torch.tensor(r.tokens)
+        routing = None
+        if replay:
+            routing = {}
+            for layer, first in rows[0].routing.items():
+                ids = torch.full((len(rows), width, first.shape[1]), -1, dtype=torch.long)
+                for k, r in enumerate(rows):
+                    ids[k, : len(r.routing[layer])] = r.routing[layer].long()
+                routing[layer] = ids
+        inputs = pack(docs, width, n_rows=len(rows), one_per_row=True).inputs
+        return LearnerBatch(inputs, pos_BT, tok_BT, routing)
+
+    def logprobs(self, batch: LearnerBatch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs (with grad when enabled) and entropies of the response tokens, at the
+        sampling temperature, with the rollout's routing replayed when the batch has it."""
+        kwargs = {"routing_replay": batch.routing} if batch.routing is not None else {}
+        out = self.model(batch.inputs, subnet=subnet, **kwargs)
+        rows = torch.arange(batch.pos_BT.shape[0], device=batch.pos_BT.device)[:, None]
+        logits_BTV = out.logits_BTV[rows, batch.pos_BT].float() / self.temperature
+        logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
+        logp_BT = logp_BTV.gather(-1, batch.tok_BT[..., None]).squeeze(-1)
+        ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
+        return logp_BT, ent_BT.detach()

@@ -1,10 +1,14 @@
 """Unified multimodal RL on the elastic MoE: rollouts, verifier rewards, MISC + WPSM + AHRL, U-RB.
 
+Over 500 lines: one class, whose rollout, reward and learner phases share the iteration's state (query
+cache, success and pass rates, buffer, optimizer); the per-output work lives in the rollout modules.
+
 One iteration ``t``:
-  1. The replay buffer (:mod:`train.rl_buffer`: ``urb``, ``april`` or ``sync``) hands over one batch of
-     query groups, ``G`` finished responses each, sampled by the rollout engine (:mod:`train.rollout`) from
-     the policy's compute copy under the group's elastic sub-model (one sub-model per query group,
-     sampled like pretraining's, so the post-trained model stays elastic).
+  1. The replay buffer (:mod:`train.rl.buffer`: ``urb``, ``april`` or ``sync``) hands over one batch of
+     query groups, ``G`` finished responses each, sampled by the rollout engines (one module per output,
+     each owning its prompts and learner batches: :mod:`train.rl.rollout_text`, ``rollout_image``,
+     ``rollout_audio``) from the policy's compute copy under the group's elastic sub-model (one sub-model
+     per query group, sampled like pretraining's, so the post-trained model stays elastic).
   2. Rewards: each task's verifier (``evals.verifiers`` through ``ernie5 rl``: the harness's own scorer).
   3. GRPO group advantages; optional DAPO dynamic sampling.
   4. The learner recomputes every response token's log-prob at the rollout weights (``logp_old``), with
@@ -37,8 +41,8 @@ Deviations:
   2. The aux-free router bias is frozen during RL (no balancing updates: RL should not move routing by
      a rule of its own).
   3. A response is a success for WPSM when its reward is 1 (the best a verifier gives).
-  4. See :mod:`train.rl_buffer`, :mod:`train.rollout` and :mod:`train.rollout_image` for the engines'
-     deviations. A query whose ``output`` is ``"image"`` (``t2i_shapes``) is rolled out by the image
+  4. See :mod:`train.rl.buffer`, :mod:`train.rl.rollout_text` and :mod:`train.rl.rollout_image` for the
+     engines' deviations. A query whose ``output`` is ``"image"`` (``t2i_shapes``) is rolled out by the image
      engine (NFSP with the task's guidance scale) and rewarded on the decoded image; its "tokens" are
      generated positions (``D`` bits each), learned in batches of their own (no routing replay), and its
      entropy is the positions' bit entropy summed over their bits (``image_bit_entropy``: per bit).
@@ -59,20 +63,17 @@ import math
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from ernie5.config import ConfigError, dump, from_dict, read_yaml
-from ernie5.data.audio_sources import speaker_id
 from ernie5.fast import apply_fast_paths
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
 from ernie5.runtime.distributed import pick_device
-from ernie5.sequence.context import context_document
-from ernie5.sequence.segments import pack
 from ernie5.store.checkpoint import CheckpointError, load_train_state, resolve_checkpoint, save_checkpoint
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, write_atomic, write_json
 from train.common.optim import make_optimizer
@@ -86,9 +87,9 @@ from train.common.run_folder import (
 )
 from train.elastic import sample_subnet
 from train.precision import MixedPrecision
-from train.rl_buffer import BatchStats, ReplayBuffer, Rollout
-from train.rl_config import RLRunConfig
-from train.rl_objectives import (
+from train.rl.buffer import BatchStats, ReplayBuffer, Rollout
+from train.rl.config import RLRunConfig
+from train.rl.objectives import (
     ahrl_hint_fraction,
     dynamic_sampling_keep,
     group_advantages,
@@ -98,42 +99,18 @@ from train.rl_objectives import (
     update_success_ema,
     wpsm_mask,
 )
-from train.rollout import Prompt, RolloutEngine, rollout_document
-from train.rollout_audio import (
-    AudioLearnerBatch,
-    AudioPrompt,
-    AudioRolloutEngine,
-    audio_learner_batch,
-    audio_logprobs,
-    speech_prompt_ids,
-)
-from train.rollout_audio import decode_rollouts as decode_audio_rollouts
-from train.rollout_image import (
-    ImageLearnerBatch,
-    ImagePrompt,
-    ImageRolloutEngine,
-    decode_rollouts,
-    image_learner_batch,
-    image_logprobs,
-    image_prompt_ids,
-)
+from train.rl.rollout_audio import AudioRollouts
+from train.rl.rollout_image import ImageRollouts
+from train.rl.rollout_text import TextRollouts
 
-
-@dataclass
-class LearnerBatch:
-    """What the learner's forward over a set of rollouts needs."""
-
-    inputs: Inputs
-    pos_BT: torch.Tensor
-    """Position whose logits predict each response token (0 past a row's response)."""
-    tok_BT: torch.Tensor
-    """The response tokens (0 past a row's response)."""
-    routing: dict[int, torch.Tensor] | None
-    """MoE layer -> ``(B, T, A)`` replayed expert ids, or None (route afresh)."""
+OUTPUTS = ("text", "image", "audio")
+"""What a query asks for (``Query.output``), in the order the engines run and the learner's batches
+are built."""
 
 
 def _on_device(batch, device: torch.device):
-    """A learner batch (``LearnerBatch``, ``ImageLearnerBatch``, ``AudioLearnerBatch``: built on CPU)
+    """A learner batch (a rollout module's ``LearnerBatch``, ``ImageLearnerBatch``, ``AudioLearnerBatch``:
+    built on CPU)
     with its tensors, inputs and routing ids on ``device``; the same object on CPU."""
     if device.type == "cpu":
         return batch
@@ -194,11 +171,8 @@ class RLTrainer:
             torch.set_num_threads(cfg.rl.threads)
         self.resume_dir = self._prepare_run_dir(resume)
         self._queries: dict[int, Any] = {}
-        self._prompts: dict[int, Prompt] = {}
-        self._image_prompts: dict[int, ImagePrompt] = {}
-        self._audio_prompts: dict[int, AudioPrompt] = {}
-        self.image_engine: ImageRolloutEngine | None = None
-        self.audio_engine: AudioRolloutEngine | None = None
+        self.rollouts: dict[str, TextRollouts | ImageRollouts | AudioRollouts] = {}
+        """Output -> the rollouts of that output (its prompts, engine, answers and learner batches)."""
 
     # ---------------------------------------------------------------- setup
     def _prepare_run_dir(self, resume: bool) -> Path | None:
@@ -258,20 +232,42 @@ class RLTrainer:
             self.pass_init = {int(k): v for k, v in state["pass_init"].items()}
         self.precision = MixedPrecision(self.model, cfg.rl.dtype)
         apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
-        self.engine = RolloutEngine(
-            self.precision.compute, self.tokenizer, self._prompt, temperature=ro.temperature, seed=cfg.rl.seed
+        policy, seed = self.precision.compute, cfg.rl.seed
+
+        def query_of(q: int) -> Any:
+            return self._query(q)[1]
+
+        self.rollouts["text"] = TextRollouts(
+            policy,
+            self.tokenizer,
+            query_of,
+            vision_tokenizer=ckpt.vision_tokenizer,
+            vision_cfg=cfg.model.vision,
+            audio_codec=ckpt.audio_codec,
+            max_new_tokens=ro.max_new_tokens,
+            temperature=ro.temperature,
+            seed=seed,
         )
         if ckpt.model.vision is not None and ckpt.vision_tokenizer is not None:
-            self.image_engine = ImageRolloutEngine(
-                self.precision.compute,
+            self.rollouts["image"] = ImageRollouts(
+                policy,
+                self.tokenizer,
                 ckpt.vision_tokenizer,
-                self._image_prompt,
+                cfg.model.vision,
+                query_of,
+                cfg_scale=ro.image_cfg_scale,
                 temperature=ro.temperature,
-                seed=cfg.rl.seed,
+                seed=seed,
             )
         if ckpt.model.audio is not None and ckpt.audio_codec is not None:
-            self.audio_engine = AudioRolloutEngine(
-                self.precision.compute, self._audio_prompt, temperature=ro.audio_temperature, seed=cfg.rl.seed
+            self.rollouts["audio"] = AudioRollouts(
+                policy,
+                self.tokenizer,
+                ckpt.audio_codec,
+                cfg.model.audio,
+                query_of,
+                temperature=ro.audio_temperature,
+                seed=seed,
             )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.run_dir / "config.yaml", dump(cfg))
@@ -300,48 +296,10 @@ class RLTrainer:
             self._queries[q] = (task, self.verifiers[task].query(key, self.cfg.rl.seed))
         return self._queries[q]
 
-    def _prompt(self, r: Rollout) -> Prompt:
-        if r.query not in self._prompts:
-            _, query = self._query(r.query)
-            doc = context_document(
-                query.context,
-                self.tokenizer,
-                vision_tokenizer=self.ckpt.vision_tokenizer,
-                vision_cfg=self.cfg.model.vision,
-                audio_codec=self.ckpt.audio_codec,
-            )
-            cap = self.cfg.rollout.max_new_tokens
-            budget = min(query.max_new_tokens, cap) if cap else query.max_new_tokens
-            self._prompts[r.query] = Prompt(doc, budget, tuple(query.stop))
-        return self._prompts[r.query]
-
     def _output(self, q: int) -> str:
         """What query ``q`` asks for: ``text``, ``image`` or ``audio`` (``Query.output``; a verifier's query
         without that field asks for text)."""
         return getattr(self._query(q)[1], "output", "text")
-
-    def _audio_prompt(self, r: Rollout) -> AudioPrompt:
-        if r.query not in self._audio_prompts:
-            _, query = self._query(r.query)
-            name = getattr(query, "speaker", "")
-            spk = speaker_id(name) if name else -1
-            n_spk = self.cfg.model.audio.n_speakers
-            if name and not 0 <= spk < n_spk:
-                raise RunError(
-                    f"rl query {query.id}: speaker {name!r} is not one this model knows "
-                    f"({n_spk} speaker-embedding rows)"
-                )
-            ids = speech_prompt_ids(self.tokenizer, query.context)
-            self._audio_prompts[r.query] = AudioPrompt(ids, spk, query.max_new_tokens)
-        return self._audio_prompts[r.query]
-
-    def _image_prompt(self, r: Rollout) -> ImagePrompt:
-        if r.query not in self._image_prompts:
-            _, query = self._query(r.query)
-            scale = self.cfg.rollout.image_cfg_scale
-            scale = query.cfg_scale if scale < 0 else scale
-            self._image_prompts[r.query] = ImagePrompt(image_prompt_ids(self.tokenizer, query.context), scale)
-        return self._image_prompts[r.query]
 
     def _subnet(self, q: int) -> tuple[Subnet, dict]:
         return sample_subnet(
@@ -390,20 +348,12 @@ class RLTrainer:
     ) -> tuple[int, int]:
         """One round of the engines under one sub-model (text first; an image or an utterance is generated
         whole)."""
-        text = [r for r in rollouts if self._output(r.query) == "text"]
-        images = [r for r in rollouts if self._output(r.query) == "image"]
-        speech = [r for r in rollouts if self._output(r.query) == "audio"]
         steps = tokens = 0
-        if text:
-            steps, tokens = self.engine.advance(text, budget, round_, subnet, self.buffer.step)
-        if images:
-            assert self.image_engine is not None  # _setup checked the vision parts
-            s, n = self.image_engine.advance(images, budget, round_, subnet, self.buffer.step)
-            steps, tokens = steps + s, tokens + n
-        if speech:
-            assert self.audio_engine is not None  # _setup checked the audio parts
-            s, n = self.audio_engine.advance(speech, budget, round_, subnet, self.buffer.step)
-            steps, tokens = steps + s, tokens + n
+        for output in OUTPUTS:
+            rows = [r for r in rollouts if self._output(r.query) == output]
+            if rows:  # _setup checked that the checkpoint has the parts each task's output needs
+                s, n = self.rollouts[output].advance(rows, budget, round_, subnet, self.buffer.step)
+                steps, tokens = steps + s, tokens + n
         return steps, tokens
 
     def _measure_pass(self, salt: int) -> dict[int, float]:
@@ -419,9 +369,8 @@ class RLTrainer:
             for q in range(start, min(pool, start + 64)):
                 out[q] = sum(w for r, w in zip(rollouts, rewards, strict=True) if r.query == q) / G
         self._queries.clear()
-        self._prompts.clear()
-        self._image_prompts.clear()
-        self._audio_prompts.clear()
+        for rollouts in self.rollouts.values():
+            rollouts.forget(None)
         return out
 
     def _pass_event(self, name: str, values: dict[int, float], seconds: float) -> dict:
@@ -442,75 +391,18 @@ class RLTrainer:
     def _rewards(self, rows: list[Rollout]) -> list[float]:
         """Each finished rollout's reward: its verifier on the response text, the decoded image or the
         decoded waveform."""
-        images = [r for r in rows if self._output(r.query) == "image"]
-        speech = [r for r in rows if self._output(r.query) == "audio"]
-        decoded = {}
-        if images:
-            pixels = decode_rollouts(self.ckpt.vision_tokenizer, self.cfg.model.vision, images)
-            decoded = {id(r): pixels[k] for k, r in enumerate(images)}
-        if speech:
-            waves = decode_audio_rollouts(self.ckpt.audio_codec, self.cfg.model.audio, speech)
-            decoded.update({id(r): waves[k] for k, r in enumerate(speech)})
+        answers: dict[int, Any] = {}
+        for output, rollouts in self.rollouts.items():
+            done = [r for r in rows if self._output(r.query) == output]
+            if done:
+                answers.update(zip(map(id, done), rollouts.answers(done), strict=True))
         out = []
         for r in rows:
             task, query = self._query(r.query)
-            answer = decoded[id(r)] if id(r) in decoded else self.engine.response_text(r, tuple(query.stop))
-            out.append(float(self.verifiers[task].reward(query, answer)))
+            out.append(float(self.verifiers[task].reward(query, answers[id(r)])))
         return out
 
     # ---------------------------------------------------------------- learner
-    def _learner_batch(self, rows: list[Rollout], replay: bool) -> LearnerBatch:
-        """Prompt + response of each row packed one per row, the response tokens' positions, and the
-        rollouts' expert ids (``replay``; -1 where a position was never fed)."""
-        docs = [rollout_document(self._prompt(r), r) for r in rows]
-        lens = [sum(len(s) for s in d) for d in docs]
-        width = max(lens)
-        n_max = max(len(r.tokens) for r in rows)
-        pos_BT = torch.zeros(len(rows), n_max, dtype=torch.long)
-        tok_BT = torch.zeros(len(rows), n_max, dtype=torch.long)
-        for k, (r, n) in enumerate(zip(rows, lens, strict=True)):
-            m = len(r.tokens)
-            pos_BT[k, :m] = torch.arange(n - m - 1, n - 1)  # response token j is predicted at n - m - 1 + j
-            tok_BT[k, :m] = torch.tensor(r.tokens)
-        routing = None
-        if replay:
-            routing = {}
-            for layer, first in rows[0].routing.items():
-                ids = torch.full((len(rows), width, first.shape[1]), -1, dtype=torch.long)
-                for k, r in enumerate(rows):
-                    ids[k, : len(r.routing[layer])] = r.routing[layer].long()
-                routing[layer] = ids
-        inputs = pack(docs, width, n_rows=len(rows), one_per_row=True).inputs
-        return LearnerBatch(inputs, pos_BT, tok_BT, routing)
-
-    def _image_batch(self, rows: list[Rollout]) -> ImageLearnerBatch:
-        prompts = [self._image_prompt(r) for r in rows]
-        return image_learner_batch(rows, prompts, self.ckpt.vision_tokenizer, self.cfg.model.vision)
-
-    def _audio_batch(self, rows: list[Rollout]) -> AudioLearnerBatch:
-        prompts = [self._audio_prompt(r) for r in rows]
-        return audio_learner_batch(rows, prompts, self.cfg.model.audio)
-
-    def _logprobs(
-        self, batch: LearnerBatch | ImageLearnerBatch | AudioLearnerBatch, subnet: Subnet
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token log-probs (with grad when enabled) and entropies of the response tokens (of an
-        image: per generated position, summed over its bits; of speech: per frame, summed over its
-        levels)."""
-        if isinstance(batch, ImageLearnerBatch):
-            return image_logprobs(self.precision.compute, batch, subnet, self.cfg.rollout.temperature)
-        if isinstance(batch, AudioLearnerBatch):
-            temperature, end_code = self.cfg.rollout.audio_temperature, self.cfg.model.audio.end_code
-            return audio_logprobs(self.precision.compute, batch, subnet, temperature, end_code)
-        kwargs = {"routing_replay": batch.routing} if batch.routing is not None else {}
-        out = self.precision.compute(batch.inputs, subnet=subnet, **kwargs)
-        rows = torch.arange(batch.pos_BT.shape[0], device=self.device)[:, None]
-        logits_BTV = out.logits_BTV[rows, batch.pos_BT].float() / self.cfg.rollout.temperature
-        logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
-        logp_BT = logp_BTV.gather(-1, batch.tok_BT[..., None]).squeeze(-1)
-        ent_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
-        return logp_BT, ent_BT.detach()
-
     def _loss(self, logp_new, logp_old, logp_infer, adv, mask, weight):
         obj = self.cfg.objective
         if obj.loss == "misc":
@@ -558,27 +450,22 @@ class RLTrainer:
         # weights first, then the gradient of its optimizer step.
         n_mb = min(obj.minibatches, len(rows))
         output_B = [self._output(r.query) for r in rows]
-        chunks = []  # (minibatch, sub-model key, row indices, batch)
+        chunks = []  # (minibatch, sub-model key, row indices, the output's rollouts, batch)
         for mb in range(n_mb):
             for key, idx in parts.items():
-                for output in ("text", "image", "audio"):
+                for output in OUTPUTS:
                     rows_idx = [k for k in idx if k % n_mb == mb and output_B[k] == output]
                     if not rows_idx:
                         continue
-                    sel = [rows[k] for k in rows_idx]
-                    if output == "image":
-                        batch = self._image_batch(sel)
-                    elif output == "audio":
-                        batch = self._audio_batch(sel)
-                    else:
-                        batch = self._learner_batch(sel, obj.routing_replay)
-                    chunks.append((mb, key, rows_idx, _on_device(batch, self.device)))  # moved once
+                    ro = self.rollouts[output]
+                    batch = ro.learner_batch([rows[k] for k in rows_idx], obj.routing_replay)
+                    chunks.append((mb, key, rows_idx, ro, _on_device(batch, self.device)))  # moved once
         n_max = max(len(r.tokens) for r in rows)
         logp_old = torch.zeros(len(rows), n_max)
         ent = torch.zeros(len(rows), n_max)
-        for _, key, rows_idx, batch in chunks:
+        for _, key, rows_idx, ro, batch in chunks:
             with torch.no_grad():
-                lp, en = self._logprobs(batch, subnets[key])
+                lp, en = ro.logprobs(batch, subnets[key])
             logp_old[rows_idx, : lp.shape[1]] = lp.float().cpu()
             ent[rows_idx, : en.shape[1]] = en.float().cpu()
         mask = torch.zeros(len(rows), n_max, dtype=torch.bool)
@@ -608,8 +495,8 @@ class RLTrainer:
         t0 = time.perf_counter()
         for mb in range(n_mb):
             total = len(range(mb, len(rows), n_mb))
-            for _, key, rows_idx, batch in (c for c in chunks if c[0] == mb):
-                lp_new, _ = self._logprobs(batch, subnets[key])
+            for _, key, rows_idx, ro, batch in (c for c in chunks if c[0] == mb):
+                lp_new, _ = ro.logprobs(batch, subnets[key])
                 w, dev = lp_new.shape[1], lp_new.device
                 loss, st = self._loss(
                     lp_new.float(),
@@ -678,11 +565,11 @@ class RLTrainer:
             key: {**dims_of[key], "n": len(idx), "reward": float(reward_B[idx].mean())}
             for key, idx in sorted(parts.items())
         }
-        for q in {r.query for r in rows}:
+        done = {r.query for r in rows}
+        for q in done:
             self._queries.pop(q, None)
-            self._prompts.pop(q, None)
-            self._image_prompts.pop(q, None)
-            self._audio_prompts.pop(q, None)
+        for rollouts in self.rollouts.values():
+            rollouts.forget(done)
         return rec
 
     # ---------------------------------------------------------------- loop
@@ -771,7 +658,7 @@ def _batch_stats(stats: BatchStats, gen_s: float) -> dict:
 
 
 def rl_config(checkpoint: str, config: str | None, overrides: list[str]) -> RLRunConfig:
-    """The run's config: :class:`~train.rl_config.RLRunConfig`'s defaults, then the YAML file ``config``,
+    """The run's config: :class:`~train.rl.config.RLRunConfig`'s defaults, then the YAML file ``config``,
     then ``overrides`` (``dotted.key=value``); the model is the checkpoint's and ``rl.init_from`` the
     checkpoint's folder."""
     from ernie5.config import apply_overrides

@@ -1,4 +1,4 @@
-"""Parity of train.rl_objectives against naive per-element loop references, plus edge cases."""
+"""Parity of train.rl.objectives against naive per-element loop references, plus edge cases."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class RolloutConfig:
 
     scheduler: Literal["urb", "april", "sync"] = "urb"
     """``urb``: the Unbiased Replay Buffer (iteration t trains exactly query group D_t); ``april``: train on
-    the first groups to finish; ``sync``: generate D_t to the end, then train (train.rl_buffer)."""
+    the first groups to finish; ``sync``: generate D_t to the end, then train (train.rl.buffer)."""
     queries_per_step: int = 12
     """Queries per iteration group D_t (the train batch, in queries)."""
     group_size: int = 16
@@ -41,7 +41,7 @@ class RolloutConfig:
     audio_temperature: float = 0.5
     """Sampling temperature of speech rollouts (its log-probs are taken at it). The TTS tasks' harness
     decodes argmax (temperature 0), which has no log-probs: RL trains the sampled distribution at this
-    temperature, over every code (no top-k), and the sweep scores its argmax (train.rollout_audio).
+    temperature, over every code (no top-k), and the sweep scores its argmax (train.rl.rollout_audio).
     0.5 is measured: on the shipped reference (GRPO, 100 steps) it lowered the argmax WER of tts_dtmf
     and tts_digits more than 1.0 did, and 1.0 cost tts_dtmf exact matches (README, Post-training)."""
     image_cfg_scale: float = -1.0
@@ -68,7 +68,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ObjectiveConfig:
-    """The actor loss and its masks (train.rl_objectives)."""
+    """The actor loss and its masks (train.rl.objectives)."""
 
     loss: Literal["misc", "gspo", "grpo"] = "misc"
     """``misc``: token IcePop mask x sequence clip (the report's Eq. 3); ``gspo``/``grpo``: baselines."""
@@ -148,7 +148,7 @@ class RLRunConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, weight_decay=0.0))
     elastic: ElasticConfig = field(default_factory=lambda: ElasticConfig(enabled=False))
     """Sub-model sampling, one sub-model per query group (rollouts and learner use the same). Off by
-    default: RL trains the full model and the sweep measures what its sub-models keep (train.rl,
+    default: RL trains the full model and the sweep measures what its sub-models keep (train.rl.trainer,
     Deviation 5)."""
 
     def __post_init__(self) -> None:

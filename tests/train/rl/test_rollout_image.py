@@ -10,8 +10,8 @@ import torch
 from ernie5.generation.vision import generate_media
 from ernie5.model.elastic import Subnet
 from tests.conftest import micro_multimodal_parts
-from train.rl_buffer import Rollout
-from train.rollout_image import (
+from train.rl.buffer import Rollout
+from train.rl.rollout_image import (
     ImagePrompt,
     ImageRolloutEngine,
     bit_logprobs,
