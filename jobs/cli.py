@@ -98,7 +98,7 @@ def _os_error_line(e: OSError) -> str:
 def _load_run_config(config: str, overrides: list[str]):
     from ernie5.config import load
     from ernie5.presets import resolve_config_path
-    from train.config import RunConfig
+    from train.pretrain.config import RunConfig
 
     return load(RunConfig, resolve_config_path(config), overrides)
 
@@ -141,7 +141,7 @@ def _with_device(args, key: str) -> list[str]:
 
 def cmd_train(args) -> int:
     """``ernie5 train``."""
-    from train.loop import pretrain
+    from train.pretrain.loop import pretrain
 
     _check_out(args.out)
     cfg = _load_run_config(args.config, _with_device(args, "train.device"))
@@ -153,7 +153,7 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     """``ernie5 sft``: supervised fine-tuning of a checkpoint on instruction turns."""
-    from train.sft import sft
+    from train.pretrain.sft import sft
 
     _check_out(args.out)
     last = sft(
@@ -348,7 +348,7 @@ def cmd_bench(args) -> int:
     if args.fp8 and args.what != "train":
         raise CLIError(f"--fp8 applies to `bench train`, not `bench {args.what}`")
     if args.fp8:
-        from train.parallel.fp8 import fp8_supported
+        from train.pretrain.parallel.fp8 import fp8_supported
 
         why = fp8_supported(device)
         if why is not None:
@@ -367,7 +367,7 @@ def cmd_bench(args) -> int:
             decoding=args.decoding or "sampled",
         )
     else:
-        from train.bench import bench_train
+        from train.pretrain.bench import bench_train
 
         result = bench_train(
             repeats=args.repeats,

@@ -153,8 +153,8 @@ def run_recipe(
     stage's config after the recipe's own, e.g. ``backbone.train.steps=8`` for a smoke run; a
     resumed recipe must be given the same ones (the stages' configs are compared).
     """
-    from train.config import RunConfig
-    from train.loop import pretrain
+    from train.pretrain.config import RunConfig
+    from train.pretrain.loop import pretrain
     from train.side.audio_codec import AudioCodecTrainConfig, train_audio_codec
     from train.side.refiner import RefinerTrainConfig, train_refiner
     from train.side.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer

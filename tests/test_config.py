@@ -13,7 +13,7 @@ from ernie5.config import ConfigError, apply_overrides, dump, from_dict, load, p
 from ernie5.model.config import ModelConfig, MoEConfig
 from ernie5.presets import preset_names, resolve_config_path
 from train.common.optim import OptimConfig
-from train.config import RunConfig, TrainConfig
+from train.pretrain.config import RunConfig, TrainConfig
 
 
 @pytest.mark.parametrize(

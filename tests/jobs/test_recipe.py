@@ -66,7 +66,7 @@ def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir)
 
 
 def test_a_rerun_keeps_finished_stages_and_a_killed_stage_is_redone(recipe_dir, monkeypatch):
-    import train.loop
+    import train.pretrain.loop
     import train.side.audio_codec
     import train.side.refiner
     import train.side.vision_tokenizer
@@ -77,7 +77,7 @@ def test_a_rerun_keeps_finished_stages_and_a_killed_stage_is_redone(recipe_dir, 
     for module, name in (
         (train.side.vision_tokenizer, "train_vision_tokenizer"),
         (train.side.audio_codec, "train_audio_codec"),
-        (train.loop, "pretrain"),
+        (train.pretrain.loop, "pretrain"),
     ):
         monkeypatch.setattr(module, name, must_not_train)
     # the refiner stage was killed: an incomplete folder and a temporary one are left

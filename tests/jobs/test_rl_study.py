@@ -10,8 +10,8 @@ from ernie5.config import load
 from ernie5.presets import resolve_config_path
 from jobs.rl_study import STUDIES, run_study
 from train.common.run_folder import RunError, checkpoint_dirs
-from train.config import RunConfig
-from train.loop import pretrain
+from train.pretrain.config import RunConfig
+from train.pretrain.loop import pretrain
 
 
 class _Query:

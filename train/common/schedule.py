@@ -3,7 +3,7 @@ of the step and the run's total steps.
 
 Every schedule here is defined over the total steps: the WSD decay window, the cosine's length and the
 ``staged`` switch are fractions of it. Extending a pretraining run (``--resume`` with a larger
-``train.steps``, :mod:`train.loop`) therefore re-evaluates them over the new total from the resume
+``train.steps``, :mod:`train.pretrain.loop`) therefore re-evaluates them over the new total from the resume
 point on, while the steps already trained keep the values they had: a WSD run resumed after its decay
 began returns to the peak learning rate until the new decay window, and a cosine run continues from
 the point of the longer curve that its step falls on.

@@ -13,7 +13,7 @@ from typing import Literal
 from ernie5.config import check
 from ernie5.model.config import ModelConfig
 from train.common.optim import OptimConfig
-from train.config import ElasticConfig
+from train.pretrain.config import ElasticConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

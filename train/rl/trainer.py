@@ -85,8 +85,8 @@ from train.common.run_folder import (
     load_start,
     open_run_dir,
 )
-from train.elastic import sample_subnet
-from train.precision import MixedPrecision
+from train.pretrain.elastic import sample_subnet
+from train.pretrain.precision import MixedPrecision
 from train.rl.buffer import BatchStats, ReplayBuffer, Rollout
 from train.rl.config import RLRunConfig
 from train.rl.objectives import (

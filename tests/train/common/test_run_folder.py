@@ -18,7 +18,7 @@ from train.common.run_folder import (
     first_difference,
     open_run_dir,
 )
-from train.config import RunConfig, TrainConfig
+from train.pretrain.config import RunConfig, TrainConfig
 
 
 def _open(run_dir, cfg, resume):

@@ -12,7 +12,7 @@ import torch
 from ernie5.model.model import Ernie5Model
 from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import micro_multimodal_parts
-from train.config import ElasticConfig
+from train.pretrain.config import ElasticConfig
 from train.rl.config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
 
 

@@ -15,8 +15,8 @@ from ernie5.presets import resolve_config_path
 from ernie5.sequence.context import context_document
 from ernie5.store.checkpoint import load_checkpoint
 from train.common.run_folder import RunError, checkpoint_dirs
-from train.config import ElasticConfig, RunConfig
-from train.loop import pretrain
+from train.pretrain.config import ElasticConfig, RunConfig
+from train.pretrain.loop import pretrain
 from train.rl.buffer import Rollout
 from train.rl.config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
 from train.rl.rollout_text import Prompt, RolloutEngine, rollout_document

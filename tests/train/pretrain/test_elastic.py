@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.conftest import tiny_config
-from train.config import ElasticConfig
-from train.elastic import sample_subnet
+from train.pretrain.config import ElasticConfig
+from train.pretrain.elastic import sample_subnet
 
 
 def test_marginals_follow_the_paper_defaults():

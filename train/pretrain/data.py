@@ -53,7 +53,7 @@ from ernie5.sequence.vision import (
 )
 from ernie5.tokenizers.special import BOS, EOS
 from ernie5.tokenizers.text import TextTokenizer
-from train.config import DataConfig
+from train.pretrain.config import DataConfig
 
 DocFn = Callable[[random.Random], str]
 TurnFn = Callable[[random.Random], Turn]

@@ -80,7 +80,7 @@ class DataConfig:
 
     workers: int = 0
     """Data-loader worker processes that build the micro-batches (text packing and media
-    tokenization) ahead of the trainer (:mod:`train.prefetch`); 0 builds each in the trainer's
+    tokenization) ahead of the trainer (:mod:`train.pretrain.prefetch`); 0 builds each in the trainer's
     process when it is needed. The batches are the same for every value."""
     prefetch: int = 2
     """Micro-batches each worker builds ahead (the loader's ``prefetch_factor``; unused with 0 workers)."""
@@ -105,7 +105,7 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelConfig:
     """How a run started on several processes (``accelerate launch`` / ``torchrun``) spreads over them
-    (``train.parallel``; :mod:`train.parallel`). One process ignores everything here but the memory
+    (``train.parallel``; :mod:`train.pretrain.parallel`). One process ignores everything here but the memory
     switches and ``subnet_group``."""
 
     dp_shard: int = -1
@@ -136,7 +136,8 @@ class TrainConfig:
 
     steps: int = 1000
     """Optimizer steps. The one field that may change on ``--resume``, and only grow (extending a run
-    moves the schedules' decay to the new end: see :mod:`train.loop` and :mod:`train.common.schedule`)."""
+    moves the schedules' decay to the new end: see :mod:`train.pretrain.loop` and
+    :mod:`train.common.schedule`)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
     seed: int = 0
@@ -183,7 +184,7 @@ class TrainConfig:
     """Sharding, expert parallelism and memory switches (:class:`ParallelConfig`)."""
     fp8: bool = False
     """FP8 training of the blocks' dense projections (torchao; CUDA, compute capability >= 8.9:
-    :mod:`train.parallel.fp8`). A one-line error where it cannot run."""
+    :mod:`train.pretrain.parallel.fp8`). A one-line error where it cannot run."""
     fp8_emulate: bool = False
     """With ``fp8``: emulate the FP8 casts, on any device (CPU included). FP8's numerics without its
     speed, for tests and for checking a recipe's losses before a GPU run (torchtitan's

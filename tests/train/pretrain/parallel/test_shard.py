@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli_env
-from tests.train.test_distributed import COMMON  # micro, 12 steps, checkpoints every 4
+from tests.train.pretrain.test_distributed import COMMON  # micro, 12 steps, checkpoints every 4
 
 
 def _torchrun(n: int) -> list[str]:
@@ -46,7 +46,7 @@ def _model_bytes() -> int:
     from ernie5.config import load
     from ernie5.model.model import Ernie5Model
     from ernie5.presets import resolve_config_path
-    from train.config import RunConfig
+    from train.pretrain.config import RunConfig
 
     model = Ernie5Model(load(RunConfig, resolve_config_path("micro")).model)
     return sum(p.numel() * p.element_size() for p in model.parameters())

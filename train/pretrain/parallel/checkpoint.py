@@ -30,7 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from train.parallel.expert import LocalExperts
+from train.pretrain.parallel.expert import LocalExperts
 
 DCP_DIR = "train_state.dcp"
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from train.clip import clip_and_step
+from train.pretrain.clip import clip_and_step
 
 
 def _setup(fused, seed=0):

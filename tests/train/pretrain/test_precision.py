@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from ernie5.kernels import kernels
-from train.precision import MixedPrecision
+from train.pretrain.precision import MixedPrecision
 
 needs_kernels = pytest.mark.skipif(kernels() is None, reason="fused CPU kernels did not build here")
 
@@ -202,7 +202,7 @@ def test_each_pair_owns_its_grad_squares():
 def test_off_the_cpu_the_step_is_torchs_own_and_never_reaches_the_cpu_kernels(monkeypatch, micro_batches):
     """On a GPU (the stand-in device here) the fused C++ kernels are never asked for, so never built
     or handed device tensors: the replica's gradients reach the masters and torch's AdamW steps."""
-    import train.precision as precision
+    import train.pretrain.precision as precision
     from tests.stand_in_device import stand_in_device
 
     monkeypatch.setenv("ERNIE5_KERNELS", "auto")

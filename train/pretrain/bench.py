@@ -4,7 +4,7 @@ One optimizer step of the real training loop's work (forward with targets and th
 backward, gradient clipping and AdamW through ``MixedPrecision.step``, aux-free bias update) on
 ``grad_accum`` micro-batches (default one) of ``batch_size x seq_len`` random ids, for the full model (no
 elastic sampling, so every step does the same work), with fp32 master weights and a bf16
-compute replica (``train.precision``), as ``ernie5 train`` runs.
+compute replica (``train.pretrain.precision``), as ``ernie5 train`` runs.
 ``mfu = 6 * active_params_no_embedding * tokens_per_s / peak`` with ``peak`` this machine's bf16
 matmul FLOP/s measured in the same process before and after the timed steps, the higher of the two
 (perf-anchors.md §2 and §6: the peer's convention, attention-score FLOPs and the MTP module
@@ -18,7 +18,7 @@ with ``peak`` the GPU's measured bf16 matmul FLOP/s, and the allocator's peak me
 (``train.parallel.activation_checkpoint``); ``saved_activation_mb`` is what the forward keeps for
 the backward (every tensor autograd saves, counted once per storage), on any device.
 ``--fp8`` (GPU of capability >= 8.9, torchao): the blocks' dense projections in FP8
-(``train.fp8``, :mod:`train.parallel.fp8`); ``mfu`` stays against the bf16 peak, so FP8's gain shows
+(``train.fp8``, :mod:`train.pretrain.parallel.fp8`); ``mfu`` stays against the bf16 peak, so FP8's gain shows
 as a higher MFU. Emulated FP8 is not offered here: its timings would mean nothing.
 """
 
@@ -39,7 +39,7 @@ from ernie5.model.moe import MoE, update_router_bias
 from ernie5.presets import resolve_config_path
 from ernie5.runtime.allocator import tune_allocator
 from ernie5.subnets.params import count_params
-from train.precision import MixedPrecision
+from train.pretrain.precision import MixedPrecision
 
 WARMUP_STEPS = 40
 """Untimed steps before the timed ones, so that the median describes a long run. The first steps
@@ -212,7 +212,7 @@ def _time_step(
     over the step's ``grad_accum`` micro-batches) and ``optimizer`` (gradient accumulation into the
     fp32 master, ``MixedPrecision.step``, bias update, buffer sync). ``memory``, if given, receives
     ``saved_activation_mb`` (and ``peak_memory_mb`` on CUDA; ``fp8_linears`` with ``fp8``).
-    Raises :class:`train.parallel.fp8.FP8Error` where ``fp8`` cannot run.
+    Raises :class:`train.pretrain.parallel.fp8.FP8Error` where ``fp8`` cannot run.
     """
     laps = phases if phases is not None else {}
     dev = torch.device(device)
@@ -221,7 +221,7 @@ def _time_step(
     mp = MixedPrecision(model, dtype)
     apply_fast_paths(mp.compute, grad_squares=mp.grad_squares)
     if fp8:
-        from train.parallel.fp8 import apply_fp8
+        from train.pretrain.parallel.fp8 import apply_fp8
 
         converted = apply_fp8(mp.compute, dev)
         if memory is not None:

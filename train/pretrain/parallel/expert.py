@@ -8,7 +8,7 @@ balancing bias) runs unchanged on every process over the GLOBAL expert dimension
 weights, its bias and the elastic width mask are those of the one-process model. The layer's
 ``w13``/``w2`` parameters move into a child module ``local`` (:class:`LocalExperts`) holding only
 this process's experts ``[rank * E/ep, (rank + 1) * E/ep)``, so FSDP2 can shard them over the
-processes that hold the same slice (:mod:`train.parallel.shard`).
+processes that hold the same slice (:mod:`train.pretrain.parallel.shard`).
 
 One forward of a layer (dropless; ``P = N * top_k`` routed (token, slot) pairs):
   1. pairs are sorted by expert, which groups them by owner (experts are contiguous per owner);

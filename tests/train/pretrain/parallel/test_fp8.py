@@ -19,9 +19,9 @@ from ernie5.model.model import Ernie5Model
 from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import load_checkpoint
 from train.common.run_folder import RunError
-from train.config import RunConfig
-from train.loop import pretrain
-from train.parallel.fp8 import FP8Error, apply_fp8, fp8_supported
+from train.pretrain.config import RunConfig
+from train.pretrain.loop import pretrain
+from train.pretrain.parallel.fp8 import FP8Error, apply_fp8, fp8_supported
 
 needs_torchao = pytest.mark.skipif(find_spec("torchao") is None, reason="needs torchao (the fp8 extra)")
 

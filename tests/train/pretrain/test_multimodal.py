@@ -13,8 +13,8 @@ from ernie5.store.checkpoint import load_checkpoint
 from ernie5.tokenizers.vision import VisionTokenizer
 from ernie5.tokenizers.vision_config import VisionTokenizerConfig
 from train.common.run_folder import RunError, checkpoint_dirs
-from train.config import RunConfig
-from train.loop import pretrain
+from train.pretrain.config import RunConfig
+from train.pretrain.loop import pretrain
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_text_image_video_training_runs_and_resumes(vtok_dir, tmp_path):
 
     shutil.copytree(out, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_00000008")
-    # ... its batches built by two data-loader workers this time (train.prefetch): the same batches
+    # ... its batches built by two data-loader workers this time (train.pretrain.prefetch): the same batches
     pretrain(_cfg(vtok_dir, "data.workers=2"), resumed, resume=True, quiet=True)
     a = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x)["loss"] for x in (resumed / "metrics.jsonl").read_text().splitlines()]
@@ -153,7 +153,7 @@ def test_media_understanding_sets_the_share_of_understanding_documents(share):
 
 def test_media_understanding_out_of_range_is_a_config_error():
     from ernie5.config import ConfigError
-    from train.config import DataConfig
+    from train.pretrain.config import DataConfig
 
     with pytest.raises((ConfigError, ValueError), match="media_understanding"):
         DataConfig(media_understanding=1.5)

@@ -11,8 +11,8 @@ from ernie5.config import load
 from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import load_checkpoint
 from train.common.run_folder import RunError, checkpoint_dirs
-from train.config import RunConfig
-from train.loop import pretrain
+from train.pretrain.config import RunConfig
+from train.pretrain.loop import pretrain
 
 OVERRIDES = [
     "train.steps=16",
@@ -128,7 +128,7 @@ def test_resume_with_more_steps_extends_the_run(straight_run, tmp_path):
 
 def test_data_stream_is_a_pure_function_of_the_step(straight_run):
     from ernie5.tokenizers.text import TextTokenizer
-    from train.data import MixtureStream, open_sources
+    from train.pretrain.data import MixtureStream, open_sources
 
     cfg = _cfg()
     tok = TextTokenizer.load(straight_run / "tokenizer.json")
@@ -175,7 +175,7 @@ def test_the_trainer_runs_the_fast_paths_on_its_compute_replica(tmp_path, dtype)
     from ernie5.fast import is_fast
     from ernie5.fast.moe import FastMoE
     from ernie5.model.moe import MoE
-    from train.loop import Trainer
+    from train.pretrain.loop import Trainer
 
     trainer = Trainer(_cfg(f"train.dtype={dtype}"), tmp_path / "run", resume=False, data_dir=None, quiet=True)
     trainer._setup()
@@ -197,7 +197,7 @@ def test_text_benchmark_train_splits_are_sources_in_the_harness_format(data_root
     import random
 
     from ernie5.data import text as text_data
-    from train.data import SOURCES
+    from train.pretrain.data import SOURCES
 
     for name in ("arc", "openbookqa", "svamp"):
         if not (data_root / name).is_dir():

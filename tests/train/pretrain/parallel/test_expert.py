@@ -1,4 +1,4 @@
-"""Expert parallelism (``train.parallel.expert``) against the one-process model: two gloo processes
+"""Expert parallelism (``train.pretrain.parallel.expert``) against the one-process model: two gloo processes
 each own half the experts of every MoE layer; the loss and every gradient (the expert slices
 compared with the matching rows of the reference's) equal the one-process model's on the union of
 the two processes' batches, for the full model and an elastic sub-model whose width mask leaves one
@@ -21,9 +21,9 @@ from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Targets
 from ernie5.model.model import Ernie5Model
 from ernie5.presets import resolve_config_path
-from train.config import ParallelConfig, RunConfig
-from train.parallel.expert import ExpertParallelError, shard_experts
-from train.parallel.shard import parallelize, plan_meshes
+from train.pretrain.config import ParallelConfig, RunConfig
+from train.pretrain.parallel.expert import ExpertParallelError, shard_experts
+from train.pretrain.parallel.shard import parallelize, plan_meshes
 
 WORLD = 2
 

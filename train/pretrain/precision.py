@@ -21,7 +21,7 @@ also summed their squares into :attr:`MixedPrecision.grad_squares` (give it to
 :func:`ernie5.fast.apply_fast_paths`), and a recorded sum is used only while the gradient is still
 that very tensor, unchanged. The moments live in the
 optimizer's own state (``exp_avg``, ``exp_avg_sq``, ``step``), so checkpoints and resumes are
-those of ``torch.optim.AdamW``. Otherwise the step is :func:`train.clip.clip_and_step` followed
+those of ``torch.optim.AdamW``. Otherwise the step is :func:`train.pretrain.clip.clip_and_step` followed
 by a copy of the master weights into the replica.
 """
 
@@ -35,7 +35,7 @@ from torch import nn
 
 from ernie5.fast import GradSquares
 from ernie5.kernels import kernels
-from train.clip import clip_and_step
+from train.pretrain.clip import clip_and_step
 
 
 class MixedPrecision:

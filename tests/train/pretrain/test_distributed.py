@@ -59,7 +59,7 @@ def test_two_process_run_equals_one_process_with_double_accumulation(tmp_path):
         str(accelerate),
         "launch",
         "--config_file",  # the README's documented one-node config, on 2 CPU processes
-        str(Path(__file__).resolve().parents[2] / "launch" / "one_node.yaml"),
+        str(Path(__file__).resolve().parents[3] / "launch" / "one_node.yaml"),
         "--num_processes",
         "2",
         "-m",
@@ -127,7 +127,7 @@ def test_two_nodes_launched_with_the_multi_node_config_equal_one_process(tmp_pat
     each on this machine (node ranks 0 and 1, rendezvous at 127.0.0.1), with the experts split over the
     nodes (``train.parallel.ep=2``): the same losses as one process accumulating both nodes' batches."""
     accelerate = Path(sys.executable).with_name("accelerate")
-    config = Path(__file__).resolve().parents[2] / "launch" / "multi_node.yaml"
+    config = Path(__file__).resolve().parents[3] / "launch" / "multi_node.yaml"
     run, port = tmp_path / "run", str(_free_port())
     steps = ["--set", "train.steps=6", "--set", "train.parallel.ep=2"]
     nodes = [

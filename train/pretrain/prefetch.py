@@ -1,11 +1,11 @@
 """Tokenizer disaggregation: micro-batches built ahead of the trainer in data-loader worker processes.
 
-A micro-batch is a pure function of its key ``(step, index)`` (:class:`train.data.MixtureStream`), and
-building it includes the media tokenization: images and clips through the frozen vision tokenizer,
-waves through the frozen audio codec. :class:`PrefetchStream` runs that work in
-``torch.utils.data.DataLoader`` worker processes, each holding its own :class:`MixtureStream` (and so
-its own copy of the frozen tokenizer and codec), over the keys the trainer will ask for, in order, so
-that a slow tokenizer delays the backbone only when the workers fall behind.
+A micro-batch is a pure function of its key ``(step, index)``
+(:class:`train.pretrain.data.MixtureStream`), and building it includes the media tokenization: images and
+clips through the frozen vision tokenizer, waves through the frozen audio codec. :class:`PrefetchStream`
+runs that work in ``torch.utils.data.DataLoader`` worker processes, each holding its own
+:class:`MixtureStream` (and so its own copy of the frozen tokenizer and codec), over the keys the trainer
+will ask for, in order, so that a slow tokenizer delays the backbone only when the workers fall behind.
 
 Contract: ``PrefetchStream(...).batch(step, index)`` returns exactly what ``MixtureStream.batch(step,
 index)`` returns (every tensor equal). Steps:
@@ -30,7 +30,7 @@ hand; after ``kill -9`` of the trainer they were gone within 1 s), and ``close()
 ``make_stream`` under the default ``fork`` start method may be any callable (the worker gets a copy of
 the trainer's memory, e.g. ``lambda: trainer.stream``, without pickling); under ``spawn`` or
 ``forkserver`` it must pickle: :class:`StreamSpec` does (it opens the sources in the worker, as
-:class:`~train.data.OpenedSources` holds closures that do not pickle). Forked workers must not use
+:class:`~train.pretrain.data.OpenedSources` holds closures that do not pickle). Forked workers must not use
 CUDA, and do not: the frozen tokenizer and codec of the stream stay on the CPU, and batches come back
 as CPU tensors for the trainer to move.
 
@@ -62,8 +62,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ernie5.sequence.segments import Batch
-from train.config import DataConfig
-from train.data import MixtureStream, open_sources
+from train.pretrain.config import DataConfig
+from train.pretrain.data import MixtureStream, open_sources
 
 Key = tuple[int, int]
 """``(step, index)``: optimizer step and global micro-batch index (``micro * world + rank``)."""

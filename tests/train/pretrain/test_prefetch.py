@@ -22,9 +22,9 @@ from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.text import TextTokenizer
 from ernie5.tokenizers.vision import VisionTokenizer
 from ernie5.tokenizers.vision_config import VisionTokenizerConfig
-from train.config import RunConfig
-from train.data import MixtureStream, open_sources, tokenizer_corpus
-from train.prefetch import PrefetchStream, StreamSpec, TrainKeys
+from train.pretrain.config import RunConfig
+from train.pretrain.data import MixtureStream, open_sources, tokenizer_corpus
+from train.pretrain.prefetch import PrefetchStream, StreamSpec, TrainKeys
 
 KEYS = TrainKeys(start_step=2, steps=4, grad_accum=2, world=2, rank=1)
 """Micro-batches 0 and 1 of process 1 of 2, steps 2 and 3: (2, 1), (2, 3), (3, 1), (3, 3)."""
@@ -206,9 +206,9 @@ _ORPHAN_SCRIPT = textwrap.dedent(
     from ernie5.config import load
     from ernie5.presets import resolve_config_path
     from ernie5.tokenizers.text import TextTokenizer
-    from train.config import RunConfig
-    from train.data import MixtureStream, open_sources, tokenizer_corpus
-    from train.prefetch import PrefetchStream, TrainKeys
+    from train.pretrain.config import RunConfig
+    from train.pretrain.data import MixtureStream, open_sources, tokenizer_corpus
+    from train.pretrain.prefetch import PrefetchStream, TrainKeys
 
     cfg = load(RunConfig, resolve_config_path("micro"), ["data.sources={procedural: 1.0}"])
     sources = open_sources(cfg.data, None)

@@ -1,4 +1,4 @@
-"""Sharded train state (``train.parallel.checkpoint``) in one process: the DCP state of a plain
+"""Sharded train state (``train.pretrain.parallel.checkpoint``) in one process: the DCP state of a plain
 model and AdamW round-trips exactly, under the one-process parameter names, and a checkpoint folder
 carrying it verifies and loads like any other."""
 
@@ -11,8 +11,8 @@ from ernie5.model.model import Ernie5Model
 from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
 from train.common.optim import make_optimizer
-from train.config import RunConfig
-from train.parallel import checkpoint as pc
+from train.pretrain.config import RunConfig
+from train.pretrain.parallel import checkpoint as pc
 
 
 def _model_and_optimizer(seed: int):

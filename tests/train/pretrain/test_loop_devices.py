@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import train.loop as loop
+import train.pretrain.loop as loop
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
 from tests.stand_in_device import stand_in_device
-from train.config import RunConfig
+from train.pretrain.config import RunConfig
 
 SETS = [
     "train.log_every=1",

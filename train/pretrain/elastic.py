@@ -26,7 +26,7 @@ import random
 
 from ernie5.model.config import ModelConfig
 from ernie5.model.elastic import Subnet
-from train.config import ElasticConfig
+from train.pretrain.config import ElasticConfig
 
 
 def sample_subnet(

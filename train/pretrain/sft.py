@@ -4,9 +4,9 @@ The run config is built in layers: the ``sft`` preset (``ernie5/presets/sft.yaml
 YAML file of overrides (each key of a section replaces the preset's value; a ``data.sources``
 mapping replaces the whole mixture), then ``--set`` overrides; its ``model`` is the checkpoint's
 model config and ``train.init_from`` the resolved checkpoint, whose weights, text tokenizer and frozen
-media models start the run (:meth:`train.loop.Trainer._init_from`). The run itself is
-:func:`train.loop.pretrain` with ``data.format: chat`` (:mod:`ernie5.sequence.chat`): same run folder,
-checkpoints, ``metrics.jsonl`` and exact ``--resume`` contract as ``ernie5 train``.
+media models start the run (:meth:`train.pretrain.loop.Trainer._init_from`). The run itself is
+:func:`train.pretrain.loop.pretrain` with ``data.format: chat`` (:mod:`ernie5.sequence.chat`): same run
+folder, checkpoints, ``metrics.jsonl`` and exact ``--resume`` contract as ``ernie5 train``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from ernie5.config import ConfigError, apply_overrides, from_dict, read_yaml, to
 from ernie5.model.config import ModelConfig
 from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import resolve_checkpoint
-from train.config import RunConfig
-from train.loop import pretrain
+from train.pretrain.config import RunConfig
+from train.pretrain.loop import pretrain
 
 PRESET = "sft"
 

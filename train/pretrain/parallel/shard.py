@@ -1,10 +1,10 @@
 """``parallelize(model, cfg, ...)``: the one step that spreads a model over processes with PyTorch's own
-engine, from outside the model (its maths is untouched; see :mod:`train.parallel.expert`).
+engine, from outside the model (its maths is untouched; see :mod:`train.pretrain.parallel.expert`).
 
 With ``W`` processes, ``S = train.parallel.dp_shard`` (-1: ``W``) and ``ep = train.parallel.ep``:
 
 * expert parallelism (``ep > 1``): every MoE layer keeps ``n_experts / ep`` of its routed experts
-  per process (:func:`train.parallel.expert.shard_experts`); ranks ``k*ep .. k*ep + ep - 1`` form
+  per process (:func:`train.pretrain.parallel.expert.shard_experts`); ranks ``k*ep .. k*ep + ep - 1`` form
   one expert-parallel group;
 * FSDP2 (``torch.distributed.fsdp.fully_shard``) over a ``DeviceMesh``: each backbone block is one
   unit and the rest of the model (embeddings, head, norms, MTP, vision and audio modules) the root
@@ -20,7 +20,7 @@ Gradients come out as the average over all ``W`` processes' micro-batches: FSDP2
 / all-reduce divides by its mesh size, and the expert units, whose gradient already sums the
 expert-parallel group's tokens, get a further ``1 / ep`` (:meth:`Parallel.finish_grads`). So
 ``W`` processes with ``A`` micro-batches each compute the update of one process accumulating
-``W * A`` (``train.loop``).
+``W * A`` (``train.pretrain.loop``).
 
 References:
   * PyTorch FSDP2 (``fully_shard``, per-parameter DTensor sharding; Zhao et al. 2023, arXiv
@@ -35,7 +35,7 @@ Deviations:
      exist, so every process must produce the same set. Where no process used it in a whole step,
      AdamW then applies its weight decay, which one process (gradient None, parameter skipped)
      would not.
-  3. The CPU fused optimizer kernels (``train.precision``) are single-process: a parallel run
+  3. The CPU fused optimizer kernels (``train.pretrain.precision``) are single-process: a parallel run
      steps ``torch.optim.AdamW`` (foreach) on the sharded fp32 parameters.
 """
 
@@ -53,8 +53,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from train.common.optim import BACKBONE_DECAY, OptimConfig, decayed
-from train.config import ParallelConfig
-from train.parallel.expert import ExpertParallelError, LocalExperts, shard_experts, take_a2a_bytes
+from train.pretrain.config import ParallelConfig
+from train.pretrain.parallel.expert import ExpertParallelError, LocalExperts, shard_experts, take_a2a_bytes
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning: the chat data stream (loss on answers only), ``train.sft`` and ``ernie5 sft``."""
+"""Supervised fine-tuning: the chat data stream (loss on answers only), ``train.pretrain.sft`` and
+``ernie5 sft``."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from ernie5.store.checkpoint import CheckpointError, load_checkpoint, save_check
 from ernie5.tokenizers.special import BOA, BOI, BOV, EOA, EOI, EOS, EOV
 from jobs.cli import main
 from tests.conftest import micro_multimodal_parts
-from train.config import DataConfig, ElasticConfig, RunConfig
-from train.data import MixtureStream, open_sources
-from train.elastic import sample_subnet
-from train.sft import sft_config
+from train.pretrain.config import DataConfig, ElasticConfig, RunConfig
+from train.pretrain.data import MixtureStream, open_sources
+from train.pretrain.elastic import sample_subnet
+from train.pretrain.sft import sft_config
 
 MARKERS = {BOI, BOV, BOA, EOI, EOV, EOA, EOS}
 """Special tokens a generation document scores around its media."""
@@ -132,7 +133,7 @@ def test_text_turns_use_the_harness_formats(data_root):
     """Each QA source's turn is the harness task's context and scored continuation, ending in its stop."""
     from evals.tasks import babi, math_word
     from evals.tasks.multiple_choice import CONTEXT_TEMPLATE
-    from train.data import CHAT_SOURCES
+    from train.pretrain.data import CHAT_SOURCES
 
     rng = random.Random(0)
     for name in ("babi", "gsm8k", "svamp", "arc", "openbookqa"):
@@ -199,7 +200,7 @@ def test_sft_end_to_end_with_elastic_sampling(sft_run, micro_mm_ckpt):
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     cfg = _stored(sft_run)
     assert cfg.data.format == "chat" and cfg.elastic.enabled
-    for r in recs:  # every micro-batch ran the sub-model train.elastic samples for its step
+    for r in recs:  # every micro-batch ran the sub-model train.pretrain.elastic samples for its step
         _, dims = sample_subnet(cfg.elastic, cfg.model, cfg.train.seed, r["step"] - 1, 0)
         assert {k: v for k, v in r["subnets"][0].items() if k != "loss"} == dims
     ckpt = load_checkpoint(sft_run / "checkpoints" / "step_00000004")

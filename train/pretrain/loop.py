@@ -1,7 +1,11 @@
 """Pretraining loop: elastic sub-model sampling, aux-free balancing, MTP, exact resume, DP.
 
+Over 500 lines: one class, whose setup, micro-step, checkpoint and record share the run's state; the
+run folder, optimizer and schedule live in :mod:`train.common`, the frozen media models in
+:mod:`train.pretrain.media`.
+
 Mixed precision: fp32 master weights (optimizer, checkpoints) and a bf16 compute replica
-(``train.precision``). One optimizer step = ``grad_accum`` micro-batches, each with its own
+(``train.pretrain.precision``). One optimizer step = ``grad_accum`` micro-batches, each with its own
 sampled sub-model; all of them are optimised with the same objective:
 
     loss = weighted next-token NLL (per-modality weights) + lambda_MTP * mean_k L_MTP^k + aux
@@ -29,8 +33,8 @@ per extension, kept across later resumes) and as a note in ``metrics.jsonl``
 
 Several processes: under ``accelerate launch --multi_gpu --num_processes N`` or ``torchrun``
 (gloo on a CPU-only machine; on GPUs NCCL, with gloo for CPU tensors), the model is spread over
-the processes by :func:`train.parallel.shard.parallelize` (FSDP2 over a device mesh, expert parallelism with
-``train.parallel.ep``), with fp32 sharded master weights and, for ``train.dtype: bf16``, bf16
+the processes by :func:`train.pretrain.parallel.shard.parallelize` (FSDP2 over a device mesh, expert
+parallelism with ``train.parallel.ep``), with fp32 sharded master weights and, for ``train.dtype: bf16``, bf16
 compute. Micro-batch ``a`` of process ``r`` is global micro-batch ``g = a * N + r``, with its own
 data; FSDP2 averages the gradients over the processes, so N processes compute the update of one
 process accumulating N times as many micro-batches. The elastic sub-model of global micro-batch
@@ -38,7 +42,7 @@ process accumulating N times as many micro-batches. The elastic sub-model of glo
 micro-batches that run at the same time share one sub-model, so every process runs the same
 layers and joins the same collectives; one process with ``subnet_group: N`` and ``N * A``
 micro-batches reproduces the run. Checkpoints of such a run are sharded
-(:mod:`train.parallel.checkpoint`) and resume at any world size, one process included.
+(:mod:`train.pretrain.parallel.checkpoint`) and resume at any world size, one process included.
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ import time
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -64,11 +67,8 @@ from ernie5.model.moe import MoE, update_router_bias
 from ernie5.runtime.distributed import init_dist, pick_device
 from ernie5.sequence.segments import MODALITIES
 from ernie5.store.checkpoint import (
-    CheckpointError,
     load_checkpoint,
-    load_media_part,
     load_train_state,
-    names_media_checkpoint,
     save_checkpoint,
 )
 from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
@@ -85,13 +85,14 @@ from train.common.run_folder import (
     open_run_dir,
 )
 from train.common.schedule import lr_at, staged
-from train.config import RunConfig
-from train.data import MixtureStream, open_sources, tokenizer_corpus
-from train.elastic import sample_subnet
-from train.parallel import checkpoint as parallel_ckpt
-from train.parallel.shard import make_sharded_optimizer, parallelize
-from train.precision import MixedPrecision
-from train.prefetch import PrefetchStream, TrainKeys
+from train.pretrain.config import RunConfig
+from train.pretrain.data import MixtureStream, open_sources, tokenizer_corpus
+from train.pretrain.elastic import sample_subnet
+from train.pretrain.media import load_audio_codec, load_refiner, load_vision_tokenizer
+from train.pretrain.parallel import checkpoint as parallel_ckpt
+from train.pretrain.parallel.shard import make_sharded_optimizer, parallelize
+from train.pretrain.precision import MixedPrecision
+from train.pretrain.prefetch import PrefetchStream, TrainKeys
 
 
 def _train_flops(rep: ParamReport, mtp_ran: bool, mtp_trained: bool) -> float:
@@ -108,15 +109,6 @@ def _routing_entropy(counts_E: torch.Tensor, avail_E: torch.Tensor) -> float:
     p = c / c.sum()
     h = -(p[p > 0] * p[p > 0].log()).sum()
     return float(h / math.log(n))
-
-
-def _checkpoint_part(value: str, part: str, model_cfg) -> Any:
-    """The frozen tokenizer or codec a checkpoint carries (``data.<part>`` names a checkpoint), or a
-    one-line ``RunError`` naming the key."""
-    try:
-        return load_media_part(value, part, model_cfg)
-    except CheckpointError as e:
-        raise RunError(f"data.{part}={value!r}: {str(e).splitlines()[0]}") from None
 
 
 class Trainer:
@@ -183,7 +175,7 @@ class Trainer:
         except ValueError as e:
             raise RunError(f"train.device: {e}") from None
         if cfg.train.fp8:
-            from train.parallel.fp8 import fp8_supported
+            from train.pretrain.parallel.fp8 import fp8_supported
 
             why = fp8_supported(self.device, cfg.train.fp8_emulate)
             if why is not None:
@@ -196,9 +188,9 @@ class Trainer:
         elif cfg.train.init_from:
             self._init_from(cfg.train.init_from, tok_path)
         else:
-            self.vision_tokenizer = self._load_vision_tokenizer()
-            self.audio_codec = self._load_audio_codec()
-            self.refiner = self._load_refiner()
+            self.vision_tokenizer = load_vision_tokenizer(self.cfg)
+            self.audio_codec = load_audio_codec(self.cfg)
+            self.refiner = load_refiner(self.cfg)
             if self.dist.main and not tok_path.exists():
                 corpus = tokenizer_corpus(self.sources, cfg.data.tokenizer_chars, cfg.train.seed)
                 tok = TextTokenizer.train(corpus, cfg.model.vocab_size)
@@ -313,7 +305,7 @@ class Trainer:
         start of :meth:`_setup`); ``self.fp8_linears`` counts them."""
         self.fp8_linears = 0
         if self.cfg.train.fp8:
-            from train.parallel.fp8 import apply_fp8
+            from train.pretrain.parallel.fp8 import apply_fp8
 
             self.fp8_linears = apply_fp8(model, self.device, emulate=self.cfg.train.fp8_emulate)
 
@@ -339,9 +331,9 @@ class Trainer:
         """Take model, tokenizer and the frozen media models from a checkpoint (those it does not
         ship come from ``data.*``)."""
         self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
-        self.vision_tokenizer = ckpt.vision_tokenizer or self._load_vision_tokenizer()
-        self.audio_codec = ckpt.audio_codec or self._load_audio_codec()
-        self.refiner = ckpt.refiner or self._load_refiner()
+        self.vision_tokenizer = ckpt.vision_tokenizer or load_vision_tokenizer(self.cfg)
+        self.audio_codec = ckpt.audio_codec or load_audio_codec(self.cfg)
+        self.refiner = ckpt.refiner or load_refiner(self.cfg)
 
     def _init_from(self, path: str, tok_path: Path) -> None:
         """Start from another run's weights, tokenizer and frozen media models (fresh optimizer)."""
@@ -350,66 +342,6 @@ class Trainer:
         if self.dist.main and not tok_path.exists():
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.tokenizer.save(tok_path)
-
-    def _load_audio_codec(self):
-        """The frozen audio codec named by ``data.audio_codec`` (audio models only)."""
-        cfg = self.cfg
-        if not cfg.model.audio.enabled:
-            return None
-        if not cfg.data.audio_codec:
-            raise RunError(
-                "model.audio.enabled needs data.audio_codec (a folder written by ernie5 train-audio-codec)"
-            )
-        from ernie5.store.checkpoint import check_codec_fits
-        from ernie5.tokenizers.audio_codec import AudioCodec
-
-        if names_media_checkpoint(cfg.data.audio_codec, "audio_codec"):
-            return _checkpoint_part(cfg.data.audio_codec, "audio_codec", cfg.model)
-        try:
-            codec = AudioCodec.load(cfg.data.audio_codec)
-        except (ValueError, OSError) as e:
-            raise RunError(f"data.audio_codec: {str(e).splitlines()[0]}") from None
-        check_codec_fits(codec.cfg, cfg.model, "data.audio_codec", RunError)
-        return codec.eval().requires_grad_(False)
-
-    def _load_vision_tokenizer(self):
-        """The frozen vision tokenizer named by ``data.vision_tokenizer`` (vision models only)."""
-        cfg = self.cfg
-        if not cfg.model.vision.enabled:
-            return None
-        if not cfg.data.vision_tokenizer:
-            raise RunError(
-                "model.vision.enabled needs data.vision_tokenizer "
-                "(a folder written by ernie5 train-vision-tokenizer)"
-            )
-        from ernie5.tokenizers.vision import VisionTokenizer, VisionTokenizerError
-
-        if names_media_checkpoint(cfg.data.vision_tokenizer, "vision_tokenizer"):
-            return _checkpoint_part(cfg.data.vision_tokenizer, "vision_tokenizer", cfg.model)
-        try:
-            tok = VisionTokenizer.load(cfg.data.vision_tokenizer)
-        except (VisionTokenizerError, OSError) as e:
-            raise RunError(f"data.vision_tokenizer: {str(e).splitlines()[0]}") from None
-        v, t = cfg.model.vision, tok.cfg
-        want = (v.image_size, v.latent_size, v.latent_bits, tuple(v.scales), v.cnn_channels)
-        got = (t.image_size, t.latent_size, t.latent_bits, tuple(t.scales), t.feature_channels)
-        if want != got:
-            raise RunError(
-                f"data.vision_tokenizer (image, latent, bits, scales, channels)={got} does not fit "
-                f"model.vision {want}"
-            )
-        return tok.eval().requires_grad_(False)
-
-    def _load_refiner(self):
-        """The frozen cascaded refiner named by ``data.refiner`` (shipped in checkpoints), if any."""
-        if not self.cfg.data.refiner:
-            return None
-        from ernie5.tokenizers.refiner import Refiner, RefinerError
-
-        try:
-            return Refiner.load(self.cfg.data.refiner).eval().requires_grad_(False)
-        except (RefinerError, OSError) as e:
-            raise RunError(f"data.refiner: {str(e).splitlines()[0]}") from None
 
     def _barrier(self) -> None:
         self.dist.barrier()
@@ -562,7 +494,7 @@ class Trainer:
         self._drop_old_checkpoints()
 
     def _checkpoint_sharded(self, step: int) -> None:
-        """Every process writes its shards (``train.parallel.checkpoint``) into a hidden folder;
+        """Every process writes its shards (``train.pretrain.parallel.checkpoint``) into a hidden folder;
         the main process then publishes the checkpoint with the consolidated weights, the shards
         moved inside it, atomically."""
         root = self.run_dir / CKPT_DIR

@@ -15,8 +15,8 @@ import torch
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
 from tests.conftest import cli_env
-from train.config import RunConfig
-from train.loop import pretrain
+from train.pretrain.config import RunConfig
+from train.pretrain.loop import pretrain
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -78,7 +78,7 @@ def test_the_gpu_process_group_reduces_the_trainers_cpu_tensors_and_cuda_tensors
 
 
 def test_bench_train_on_the_gpu_reports_mfu():
-    from train.bench import bench_train
+    from train.pretrain.bench import bench_train
 
     out = bench_train(repeats=2, warmup=2, device="cuda")
     assert out["env"]["device"].startswith("cuda")
