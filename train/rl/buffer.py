@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -208,3 +208,36 @@ class ReplayBuffer:
         batch = [self.inflight.pop(q) for q in picked]
         self.step += 1
         return batch, stats
+
+
+class OutputRollouts:
+    """What the rollouts of one output (text, image, speech: :mod:`train.rl.rollout_text` and its
+    siblings) share: each query's prompt, built once by :meth:`make_prompt` from the query
+    ``query_of`` gives, and the rounds of the output's ``engine``."""
+
+    engine: Any
+
+    def __init__(self, query_of: Callable[[int], Any]) -> None:
+        self.query_of = query_of
+        self._prompts: dict[int, Any] = {}
+
+    def make_prompt(self, query: Any) -> Any:
+        """The engine's prompt for ``query``."""
+        raise NotImplementedError
+
+    def prompt(self, r: Rollout) -> Any:
+        """The prompt of ``r``'s query (built once per query)."""
+        if r.query not in self._prompts:
+            self._prompts[r.query] = self.make_prompt(self.query_of(r.query))
+        return self._prompts[r.query]
+
+    def forget(self, queries) -> None:
+        """Drop the prompts of ``queries`` (all of them for None)."""
+        if queries is None:
+            self._prompts.clear()
+        for q in queries or ():
+            self._prompts.pop(q, None)
+
+    def advance(self, rollouts: list[Rollout], budget: int, round_: int, subnet, version: int):
+        """One round of the engine over ``rollouts``."""
+        return self.engine.advance(rollouts, budget, round_, subnet, version)

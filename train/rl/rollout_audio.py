@@ -72,7 +72,7 @@ from ernie5.sequence import audio as audio_docs
 from ernie5.sequence.segments import AudioSeg, Segment, pack, text_segment
 from ernie5.tokenizers.special import BOS
 from train.common.run_folder import RunError
-from train.rl.buffer import Rollout
+from train.rl.buffer import OutputRollouts, Rollout
 
 MIN_FRAMES = 1
 """END is barred before this many frames (``AudioSampling``'s default, what the harness samples with)."""
@@ -279,7 +279,7 @@ def audio_logprobs(model, batch: AudioLearnerBatch, subnet: Subnet, temperature:
     return logp_BT, ent_BT.detach()
 
 
-class AudioRollouts:
+class AudioRollouts(OutputRollouts):
     """Speech answers of the RL loop (queries whose ``output`` is ``"audio"``): each query's prompt, the
     engine that samples them, their decoded waveforms (what the judge scores), and the learner's
     batches and log-probs."""
@@ -299,38 +299,22 @@ class AudioRollouts:
         self.tokenizer = tokenizer
         self.codec = codec
         self.audio_cfg = audio_cfg
-        self.query_of = query_of
+        super().__init__(query_of)
         self.temperature = temperature
         self.engine = AudioRolloutEngine(model, self.prompt, temperature=temperature, seed=seed)
-        self._prompts: dict[int, AudioPrompt] = {}
 
-    def prompt(self, r: Rollout) -> AudioPrompt:
-        """The prompt of ``r``'s query (built once per query); a speaker the model has no embedding row
-        for is a :class:`RunError`."""
-        if r.query not in self._prompts:
-            query = self.query_of(r.query)
-            name = getattr(query, "speaker", "")
-            spk = speaker_id(name) if name else -1
-            n_spk = self.audio_cfg.n_speakers
-            if name and not 0 <= spk < n_spk:
-                raise RunError(
-                    f"rl query {query.id}: speaker {name!r} is not one this model knows "
-                    f"({n_spk} speaker-embedding rows)"
-                )
-            ids = speech_prompt_ids(self.tokenizer, query.context)
-            self._prompts[r.query] = AudioPrompt(ids, spk, query.max_new_tokens)
-        return self._prompts[r.query]
-
-    def forget(self, queries) -> None:
-        """Drop the prompts of ``queries`` (all of them for None)."""
-        if queries is None:
-            self._prompts.clear()
-        for q in queries or ():
-            self._prompts.pop(q, None)
-
-    def advance(self, rollouts: list[Rollout], budget: int, round_: int, subnet: Subnet, version: int):
-        """One engine round (:meth:`AudioRolloutEngine.advance`: each utterance is generated whole)."""
-        return self.engine.advance(rollouts, budget, round_, subnet, version)
+    def make_prompt(self, query: Any) -> AudioPrompt:
+        """``BOS <prompt>``, the speaker row and the frame budget; a speaker the model has no embedding
+        row for is a :class:`RunError`."""
+        name = getattr(query, "speaker", "")
+        spk = speaker_id(name) if name else -1
+        n_spk = self.audio_cfg.n_speakers
+        if name and not 0 <= spk < n_spk:
+            raise RunError(
+                f"rl query {query.id}: speaker {name!r} is not one this model knows "
+                f"({n_spk} speaker-embedding rows)"
+            )
+        return AudioPrompt(speech_prompt_ids(self.tokenizer, query.context), spk, query.max_new_tokens)
 
     def answers(self, rows: list[Rollout]) -> list[np.ndarray]:
         """The decoded waveforms of finished rollouts (:func:`decode_rollouts`)."""

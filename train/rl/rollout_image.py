@@ -60,7 +60,7 @@ from ernie5.model.inputs import Inputs
 from ernie5.sequence.segments import Segment, pack, text_segment
 from ernie5.sequence.vision import generation_segment, prompt_ids, to_uint8
 from ernie5.tokenizers.special import BOI, BOS
-from train.rl.buffer import Rollout
+from train.rl.buffer import OutputRollouts, Rollout
 
 
 def image_prompt_ids(tokenizer, prompt: str) -> list[int]:
@@ -243,7 +243,7 @@ def image_logprobs(model, batch: ImageLearnerBatch, subnet: Subnet, temperature:
     return logp, ent.detach()
 
 
-class ImageRollouts:
+class ImageRollouts(OutputRollouts):
     """Image answers of the RL loop (queries whose ``output`` is ``"image"``): each query's prompt, the
     engine that samples them, their decoded images (what the judge scores), and the learner's batches
     and log-probs."""
@@ -264,33 +264,18 @@ class ImageRollouts:
         self.tokenizer = tokenizer
         self.vision_tokenizer = vision_tokenizer
         self.vision_cfg = vision_cfg
-        self.query_of = query_of
+        super().__init__(query_of)
         self.cfg_scale = cfg_scale
         """Guidance scale (< 0: each query's own)."""
         self.temperature = temperature
         self.engine = ImageRolloutEngine(
             model, vision_tokenizer, self.prompt, temperature=temperature, seed=seed
         )
-        self._prompts: dict[int, ImagePrompt] = {}
 
-    def prompt(self, r: Rollout) -> ImagePrompt:
-        """The prompt of ``r``'s query (built once per query)."""
-        if r.query not in self._prompts:
-            query = self.query_of(r.query)
-            scale = query.cfg_scale if self.cfg_scale < 0 else self.cfg_scale
-            self._prompts[r.query] = ImagePrompt(image_prompt_ids(self.tokenizer, query.context), scale)
-        return self._prompts[r.query]
-
-    def forget(self, queries) -> None:
-        """Drop the prompts of ``queries`` (all of them for None)."""
-        if queries is None:
-            self._prompts.clear()
-        for q in queries or ():
-            self._prompts.pop(q, None)
-
-    def advance(self, rollouts: list[Rollout], budget: int, round_: int, subnet: Subnet, version: int):
-        """One engine round (:meth:`ImageRolloutEngine.advance`: each image is generated whole)."""
-        return self.engine.advance(rollouts, budget, round_, subnet, version)
+    def make_prompt(self, query: Any) -> ImagePrompt:
+        """``BOS <prompt> BOI`` and the guidance scale (the query's own unless ``cfg_scale`` >= 0)."""
+        scale = query.cfg_scale if self.cfg_scale < 0 else self.cfg_scale
+        return ImagePrompt(image_prompt_ids(self.tokenizer, query.context), scale)
 
     def answers(self, rows: list[Rollout]) -> np.ndarray:
         """The decoded images of finished rollouts (:func:`decode_rollouts`)."""

@@ -38,7 +38,7 @@ from ernie5.model.inputs import Inputs
 from ernie5.sequence.context import context_document
 from ernie5.sequence.segments import Segment, pack, text_segment
 from ernie5.tokenizers.special import EOS
-from train.rl.buffer import Rollout
+from train.rl.buffer import OutputRollouts, Rollout
 
 
 @dataclass
@@ -184,7 +184,7 @@ class LearnerBatch:
     """MoE layer -> ``(B, T, A)`` replayed expert ids, or None (route afresh)."""
 
 
-class TextRollouts:
+class TextRollouts(OutputRollouts):
     """Text answers of the RL loop: each query's prompt (its context as one document, any modality),
     the engine that samples them, their answers as the harness reads them, and the learner's batches
     and log-probs."""
@@ -204,7 +204,7 @@ class TextRollouts:
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.query_of = query_of
+        super().__init__(query_of)
         self.media = {
             "vision_tokenizer": vision_tokenizer,
             "vision_cfg": vision_cfg,
@@ -214,28 +214,14 @@ class TextRollouts:
         """Cap on a response's tokens (0 = each query's own budget)."""
         self.temperature = temperature
         self.engine = RolloutEngine(model, tokenizer, self.prompt, temperature=temperature, seed=seed)
-        self._prompts: dict[int, Prompt] = {}
 
-    def prompt(self, r: Rollout) -> Prompt:
-        """The prompt of ``r``'s query (built once per query)."""
-        if r.query not in self._prompts:
-            query = self.query_of(r.query)
-            doc = context_document(query.context, self.tokenizer, **self.media)
-            cap = self.max_new_tokens
-            budget = min(query.max_new_tokens, cap) if cap else query.max_new_tokens
-            self._prompts[r.query] = Prompt(doc, budget, tuple(query.stop))
-        return self._prompts[r.query]
-
-    def forget(self, queries) -> None:
-        """Drop the prompts of ``queries`` (all of them for None)."""
-        if queries is None:
-            self._prompts.clear()
-        for q in queries or ():
-            self._prompts.pop(q, None)
-
-    def advance(self, rollouts: list[Rollout], budget: int, round_: int, subnet: Subnet, version: int):
-        """One engine round (:meth:`RolloutEngine.advance`)."""
-        return self.engine.advance(rollouts, budget, round_, subnet, version)
+    def make_prompt(self, query: Any) -> Prompt:
+        """The query's context as one document (any modality), its budget (capped by
+        ``max_new_tokens``) and its stop strings."""
+        doc = context_document(query.context, self.tokenizer, **self.media)
+        cap = self.max_new_tokens
+        budget = min(query.max_new_tokens, cap) if cap else query.max_new_tokens
+        return Prompt(doc, budget, tuple(query.stop))
 
     def answers(self, rows: list[Rollout]) -> list[str]:
         """Each finished rollout's response text, cut at its query's stop strings."""
