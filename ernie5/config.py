@@ -1,7 +1,7 @@
 """Generic strict loader for frozen-dataclass configs.
 
 Configs are frozen dataclasses owned by the package that owns the concept
-(`ernie5.model.config`, `train.config`, ...). This module holds no fields: it only turns YAML
+(`ernie5.model.config`, `train.pretrain.config`, ...). This module holds no fields: it only turns YAML
 mappings and ``--set dotted.key=value`` overrides into those dataclasses, strictly:
 
 * an unknown key is an error naming the dotted key and the valid keys;

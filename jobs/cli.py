@@ -67,7 +67,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from evals.results import RunLocked
     from evals.verifiers import VerifierError
     from reports.load import ReportError
-    from train.loop import RunError
+    from train.common.run_folder import RunError
 
     errors += [DataCorrupt, EvalInputError, RunError, ReportError, RefinerError, VisionTokenizerError]
     errors.append(VerifierError)
@@ -100,7 +100,7 @@ def _os_error_line(e: OSError) -> str:
 def _load_run_config(config: str, overrides: list[str]):
     from ernie5.config import load
     from ernie5.presets import resolve_config_path
-    from train.config import RunConfig
+    from train.pretrain.config import RunConfig
 
     return load(RunConfig, resolve_config_path(config), overrides)
 
@@ -143,7 +143,7 @@ def _with_device(args, key: str) -> list[str]:
 
 def cmd_train(args) -> int:
     """``ernie5 train``."""
-    from train.loop import pretrain
+    from train.pretrain.loop import pretrain
 
     _check_out(args.out)
     cfg = _load_run_config(args.config, _with_device(args, "train.device"))
@@ -155,7 +155,7 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     """``ernie5 sft``: supervised fine-tuning of a checkpoint on instruction turns."""
-    from train.sft import sft
+    from train.pretrain.sft import sft
 
     _check_out(args.out)
     last = sft(
@@ -175,7 +175,7 @@ def cmd_sft(args) -> int:
 def cmd_rl(args) -> int:
     """``ernie5 rl``: reinforcement learning from a checkpoint with the harness's tasks as verifiers."""
     from ernie5.data.root import resolve_data_dir
-    from train.rl import rl, rl_config
+    from train.rl.trainer import rl, rl_config
 
     _check_out(args.out)
     cfg = rl_config(args.checkpoint, args.config, _with_device(args, "rl.device"))
@@ -241,21 +241,21 @@ def _train_component(args, config_cls, train_fn, **kwargs) -> int:
 
 def cmd_train_vision_tokenizer(args) -> int:
     """``ernie5 train-vision-tokenizer``."""
-    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+    from train.side.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
 
     return _train_component(args, VisionTokenizerTrainConfig, train_vision_tokenizer)
 
 
 def cmd_train_audio_codec(args) -> int:
     """``ernie5 train-audio-codec``."""
-    from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
+    from train.side.audio_codec import AudioCodecTrainConfig, train_audio_codec
 
     return _train_component(args, AudioCodecTrainConfig, train_audio_codec)
 
 
 def cmd_train_refiner(args) -> int:
     """``ernie5 train-refiner``."""
-    from train.refiner import RefinerTrainConfig, train_refiner
+    from train.side.refiner import RefinerTrainConfig, train_refiner
 
     return _train_component(args, RefinerTrainConfig, train_refiner, tokenizer_path=args.tokenizer)
 
@@ -350,7 +350,7 @@ def cmd_bench(args) -> int:
     if args.fp8 and args.what != "train":
         raise CLIError(f"--fp8 applies to `bench train`, not `bench {args.what}`")
     if args.fp8:
-        from train.parallel.fp8 import fp8_supported
+        from train.pretrain.parallel.fp8 import fp8_supported
 
         why = fp8_supported(device)
         if why is not None:
@@ -369,7 +369,7 @@ def cmd_bench(args) -> int:
             decoding=args.decoding or "sampled",
         )
     else:
-        from train.bench import bench_train
+        from train.pretrain.bench import bench_train
 
         result = bench_train(
             repeats=args.repeats,

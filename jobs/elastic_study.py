@@ -69,9 +69,10 @@ from ernie5.subnets.spec import SubnetError, parse_subnet, resolve, resolve_spec
 from evals.suite import load_suite, resolve_suite_path
 from evals.sweep import run_sweep, subnet_identity
 from reports.elastic_study import write_report
-from train.config import RunConfig
-from train.data import MixtureStream, open_sources
-from train.loop import RunError, checkpoint_dirs, pretrain
+from train.common.run_folder import RunError, checkpoint_dirs
+from train.pretrain.config import RunConfig
+from train.pretrain.data import MixtureStream, open_sources
+from train.pretrain.loop import pretrain
 
 DEFAULT_SHAPES = ("d0.75", "w0.5", "k1", "d0.75-w0.5-k0.5")
 """The nightly's one-dimension sub-models and the paper's EA point (depth, width and top-k together)."""

@@ -153,11 +153,11 @@ def run_recipe(
     stage's config after the recipe's own, e.g. ``backbone.train.steps=8`` for a smoke run; a
     resumed recipe must be given the same ones (the stages' configs are compared).
     """
-    from train.audio_codec import AudioCodecTrainConfig, train_audio_codec
-    from train.config import RunConfig
-    from train.loop import pretrain
-    from train.refiner import RefinerTrainConfig, train_refiner
-    from train.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
+    from train.pretrain.config import RunConfig
+    from train.pretrain.loop import pretrain
+    from train.side.audio_codec import AudioCodecTrainConfig, train_audio_codec
+    from train.side.refiner import RefinerTrainConfig, train_refiner
+    from train.side.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
 
     extra = split_overrides(overrides or [])
     out = Path(out)
@@ -229,7 +229,7 @@ def run_recipe(
     backbone = out / "backbone"
 
     def train_backbone() -> bool:
-        from train.loop import checkpoint_dirs
+        from train.common.run_folder import checkpoint_dirs
 
         if any(c.name == f"step_{bcfg.train.steps:08d}" for c in checkpoint_dirs(backbone)):
             return False

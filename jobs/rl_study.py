@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ernie5.store.runs import read_jsonl
 from reports.rl import write_section
-from train.loop import RunError, checkpoint_dirs
-from train.rl import rl, rl_config
+from train.common.run_folder import RunError, checkpoint_dirs
+from train.rl.trainer import rl, rl_config
 
 STUDIES: dict[str, dict] = {
     "objective": {

@@ -14,8 +14,8 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 timeout -k 10 100 python -m pytest -q -p no:cacheprovider tests/model/test_cuda.py > "$out/tests_model.log" 2>&1
 echo "tests model rc=$?" | tee -a "$out/summary.txt"
-timeout -k 10 240 python -m pytest -q -p no:cacheprovider tests/train/parallel/test_cuda.py \
-    tests/train/parallel/test_fp8.py > "$out/tests.log" 2>&1
+timeout -k 10 240 python -m pytest -q -p no:cacheprovider tests/train/pretrain/parallel/test_cuda.py \
+    tests/train/pretrain/parallel/test_fp8.py > "$out/tests.log" 2>&1
 echo "tests rc=$?" | tee -a "$out/summary.txt"
 # bench moe at 64k tokens: at its CPU default (2048) a GPU layer is launch-bound, not GEMM-bound.
 timeout -k 10 60 ernie5 bench moe --device cuda --tokens 65536 --json > "$out/bench_moe.json" 2> "$out/bench_moe.err"

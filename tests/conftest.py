@@ -103,7 +103,7 @@ def micro_multimodal_parts():
     from ernie5.tokenizers.text import TextTokenizer
     from ernie5.tokenizers.vision import VisionTokenizer
     from ernie5.tokenizers.vision_config import VisionTokenizerConfig
-    from train.config import RunConfig
+    from train.pretrain.config import RunConfig
 
     torch.manual_seed(0)
     cfg = load(

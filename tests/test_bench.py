@@ -96,7 +96,7 @@ def test_bench_train_reports_mfu_and_the_peer():
     from ernie5.bench.decode import _nano
     from ernie5.bench.timing import matmul_peak
     from ernie5.subnets.params import count_params
-    from train.bench import bench_train
+    from train.pretrain.bench import bench_train
 
     t0 = time.perf_counter()
     out = bench_train(repeats=1, peer=True, grad_accum=2, warmup=2)
@@ -315,7 +315,7 @@ def test_activation_checkpointing_shrinks_the_saved_activations():
     from ernie5.config import from_dict, read_yaml
     from ernie5.model.config import ModelConfig
     from ernie5.presets import resolve_config_path
-    from train.bench import _time_step
+    from train.pretrain.bench import _time_step
 
     cfg = from_dict(ModelConfig, read_yaml(resolve_config_path("micro"))["model"])
     saved = {}

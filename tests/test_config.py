@@ -12,7 +12,8 @@ import yaml
 from ernie5.config import ConfigError, apply_overrides, dump, from_dict, load, parse_scalar, read_yaml
 from ernie5.model.config import ModelConfig, MoEConfig
 from ernie5.presets import preset_names, resolve_config_path
-from train.config import OptimConfig, RunConfig, TrainConfig
+from train.common.optim import OptimConfig
+from train.pretrain.config import RunConfig, TrainConfig
 
 
 @pytest.mark.parametrize(

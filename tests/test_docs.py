@@ -4,7 +4,7 @@ commands with their flags, and suites.
 A doc goes stale silently when code moves; these checks read every backticked span of the two
 documents a newcomer reads first and resolve it against the repository:
 
-  * a path (``train/loop.py``, ``evals/tasks/``, ``model/config.py``, ``tests/**/test_cuda.py``,
+  * a path (``train/pretrain/loop.py``, ``evals/tasks/``, ``model/config.py``, ``tests/**/test_cuda.py``,
     ``evals/tasks/<name>.py``) exists from the root, from ``ernie5/`` (ARCHITECTURE's table of the
     library's folders), or, for a bare file name, anywhere in the tree; a file a run writes
     (``report/index.html``, ``OUT/study.json``) is instead named by a string in the code;

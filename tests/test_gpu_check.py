@@ -43,6 +43,6 @@ def test_every_ernie5_command_of_the_gpu_script_parses():
 def test_the_gpu_script_runs_test_files_that_exist_and_the_model_tests():
     named = [w for words in _commands() for w in words if w.startswith("tests/")]
     assert "tests/model/test_cuda.py" in named
-    assert "tests/train/parallel/test_cuda.py" in named
+    assert "tests/train/pretrain/parallel/test_cuda.py" in named
     for path in named:
         assert (ROOT / path).is_file(), path

@@ -9,7 +9,7 @@ the next layer (:mod:`ernie5.model.audio`), so all ``Q`` codes of a frame come o
 A row stops when level 1 picks END (or after ``max_frames``).
 
 The loop (:func:`sample_frames`) takes the draw as a callback: the harness's :func:`generate_audio`
-draws with :func:`ncp_logits` and :func:`draw_codes`; the RL rollouts (``train.rollout_audio``) make the
+draws with :func:`ncp_logits` and :func:`draw_codes`; the RL rollouts (``train.rl.rollout_audio``) make the
 same draws and keep each code's log-prob.
 
 References:

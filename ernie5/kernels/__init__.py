@@ -9,7 +9,7 @@ storage), with its backward where it has one:
   scores, biased top-k, gates, counts); the dispatch into padded levels, the gather of token rows
   into them and the combine back; the gated SwiGLU activation of the batched experts; the
   cross-entropy rows of the output head (log-sum-exp, NLL and the logit gradient in place); the
-  mixed-precision AdamW step (``train.precision``).
+  mixed-precision AdamW step (``train.pretrain.precision``).
 * ``cpu_attention.cpp``: bf16 training attention, forward and backward (AMX / AVX512-BF16).
 * ``cpu_expert_gemm.cpp``: the six batched expert GEMMs of a level without their padding (bf16,
   AVX512-BF16), run with the gated activation as one forward and one backward pass over whole

@@ -3,8 +3,9 @@
 A context is a string, or a sequence whose items are strings or media parts: any object with
 ``modality`` (``"image"``, ``"video"`` or ``"audio"``), ``data`` (a numpy array: image ``(H, W[, C])``
 uint8, clip ``(T, H, W[, C])``, waveform ``(samples,)`` float32) and ``meta`` (e.g. ``{"sample_rate":
-8000}``). The evaluation harness (``evals.api.MediaPart``) and the RL rollout engine (``train.rollout``)
-both build their prompts here, so a model is asked the same way wherever it is asked.
+8000}``). The evaluation harness (``evals.api.MediaPart``) and the RL rollout engine
+(``train.rl.rollout_text``) both build their prompts here, so a model is asked the same way wherever it is
+asked.
 
 Layout: ``BOS``, then each part in order: text as its ids, an image or clip as ``BOI|BOV <understanding
 positions> EOI|EOV``, audio as ``BOA <codec frames> EOA``. Every text position is context (its loss mask

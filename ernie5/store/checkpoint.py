@@ -379,7 +379,7 @@ def save_checkpoint(
         audio_codec: the frozen ``AudioCodec`` of an audio model, stored as
             ``audio_codec.safetensors`` + ``audio_codec.yaml``.
         extra_dirs: ``{name: folder}``: folders MOVED into the checkpoint as ``name`` (e.g. a
-            parallel run's sharded train state, ``train.parallel.checkpoint``), their files
+            parallel run's sharded train state, ``train.pretrain.parallel.checkpoint``), their files
             covered by the manifest as ``name/<relative path>``.
 
     Returns:

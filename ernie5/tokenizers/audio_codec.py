@@ -41,7 +41,7 @@ Deviations:
      unit per stage, widths 8..128, no LSTM / Transformer, no weight normalisation), so encoding and
      decoding one second takes milliseconds on a CPU.
   2. The report's audio decoder is undisclosed; this one is the encoder's mirror ending in ``tanh``.
-  3. Trained without a GAN discriminator (see :mod:`train.audio_codec`).
+  3. Trained without a GAN discriminator (see :mod:`train.side.audio_codec`).
   4. Snake activations (DAC) instead of SEANet's ELU by default. In a CPU-minutes budget the ELU codec
      stayed at near-silent output for hundreds of steps (log-mel L1 about 1.07 after 250 steps on
      random DTMF crops), the Snake codec learned tones from the start (0.75); ``activation="elu"``

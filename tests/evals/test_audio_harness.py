@@ -29,8 +29,9 @@ def audio_ckpt(tmp_path_factory) -> Path:
     from ernie5.presets import resolve_config_path
     from ernie5.tokenizers.audio_codec import AudioCodec
     from ernie5.tokenizers.audio_config import AudioCodecConfig
-    from train.config import RunConfig
-    from train.loop import checkpoint_dirs, pretrain
+    from train.common.run_folder import checkpoint_dirs
+    from train.pretrain.config import RunConfig
+    from train.pretrain.loop import pretrain
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("audio")
@@ -130,8 +131,9 @@ def test_sweep_over_audio_tasks(audio_ckpt, micro_text_ckpt, tmp_path):
 def micro_text_ckpt(tmp_path_factory) -> Path:
     from ernie5.config import load
     from ernie5.presets import resolve_config_path
-    from train.config import RunConfig
-    from train.loop import checkpoint_dirs, pretrain
+    from train.common.run_folder import checkpoint_dirs
+    from train.pretrain.config import RunConfig
+    from train.pretrain.loop import pretrain
 
     run = tmp_path_factory.mktemp("text") / "run"
     pretrain(

@@ -64,8 +64,8 @@ metadata: {version: 2}
 def run_dir(tmp_path_factory) -> Path:
     from ernie5.config import load
     from ernie5.presets import resolve_config_path
-    from train.config import RunConfig
-    from train.loop import pretrain
+    from train.pretrain.config import RunConfig
+    from train.pretrain.loop import pretrain
 
     run = tmp_path_factory.mktemp("ckpt") / "run"
     cfg = load(RunConfig, resolve_config_path("micro"), ["train.steps=10", "data.tokenizer_chars=20000"])
@@ -75,7 +75,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def eval_model(run_dir) -> Ernie5EvalModel:
-    from train.loop import checkpoint_dirs
+    from train.common.run_folder import checkpoint_dirs
 
     return Ernie5EvalModel(load_checkpoint(checkpoint_dirs(run_dir)[-1]), batch_size=4)
 

@@ -103,7 +103,7 @@ def test_nightly_passes_the_unsafe_code_flag_and_the_failed_units_on(tmp_path, m
 def test_nightly_sweeps_the_shipped_reference_by_default(tmp_path, monkeypatch):
     """No --checkpoint: the shipped reference model is swept; nothing is trained."""
     import evals.sweep
-    import train.loop
+    import train.pretrain.loop
     from jobs.nightly import run_nightly
 
     seen = []
@@ -116,7 +116,7 @@ def test_nightly_sweeps_the_shipped_reference_by_default(tmp_path, monkeypatch):
         raise AssertionError("the nightly must not train")
 
     monkeypatch.setattr(evals.sweep, "run_sweep", sweep)
-    monkeypatch.setattr(train.loop, "pretrain", no_training)
+    monkeypatch.setattr(train.pretrain.loop, "pretrain", no_training)
     with pytest.raises(KeyboardInterrupt):
         run_nightly(out=tmp_path / "o", quiet=True)
     assert seen == ["reference"]

@@ -66,31 +66,31 @@ def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir)
 
 
 def test_a_rerun_keeps_finished_stages_and_a_killed_stage_is_redone(recipe_dir, monkeypatch):
-    import train.audio_codec
-    import train.loop
-    import train.refiner
-    import train.vision_tokenizer
+    import train.pretrain.loop
+    import train.side.audio_codec
+    import train.side.refiner
+    import train.side.vision_tokenizer
 
     def must_not_train(*args, **kwargs):
         raise AssertionError("a finished stage was trained again")
 
     for module, name in (
-        (train.vision_tokenizer, "train_vision_tokenizer"),
-        (train.audio_codec, "train_audio_codec"),
-        (train.loop, "pretrain"),
+        (train.side.vision_tokenizer, "train_vision_tokenizer"),
+        (train.side.audio_codec, "train_audio_codec"),
+        (train.pretrain.loop, "pretrain"),
     ):
         monkeypatch.setattr(module, name, must_not_train)
     # the refiner stage was killed: an incomplete folder and a temporary one are left
     (recipe_dir / "refiner" / "refiner" / "meta.json").unlink()
     (recipe_dir / ".refiner.tmp").mkdir()
     calls = []
-    real = train.refiner.train_refiner
+    real = train.side.refiner.train_refiner
 
     def count(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train.refiner, "train_refiner", count)
+    monkeypatch.setattr(train.side.refiner, "train_refiner", count)
     run_recipe(recipe_dir, None, overrides=TINY, quiet=True)
     assert calls == [1] and (recipe_dir / "refiner" / "refiner" / "meta.json").is_file()
     assert not (recipe_dir / ".refiner.tmp").exists()

@@ -9,8 +9,9 @@ import pytest
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
 from jobs.rl_study import STUDIES, run_study
-from train.config import RunConfig
-from train.loop import RunError, checkpoint_dirs, pretrain
+from train.common.run_folder import RunError, checkpoint_dirs
+from train.pretrain.config import RunConfig
+from train.pretrain.loop import pretrain
 
 
 class _Query:

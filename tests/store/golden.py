@@ -9,7 +9,7 @@ summary stored in ``tests/store/golden_reference.json``, and a mismatch means: r
 reference (``ernie5 recipe reference --out DIR --install``), then regenerate the golden file.
 
 Cases (:data:`CASES`), each one packed document laid out by the project's own builders, exactly as
-``train/data.py`` and ``evals/adapter.py`` lay them out:
+``train/pretrain/data.py`` and ``evals/adapter.py`` lay them out:
 
   * ``text``, ``text@k1``, ``text@d0.75-w0.5-k2``: a fixed prompt, on the full model and on two
     elastic sub-models (resolved by ``ernie5.subnets.spec.resolve_specs``);
@@ -121,7 +121,8 @@ def _scene() -> shapes.Scene:
 
 
 def _image_und_doc(ckpt: Checkpoint) -> list[Segment]:
-    """``BOS BOI <image> EOI`` then a question and answer about the scene (train/data.py's layout)."""
+    """``BOS BOI <image> EOI`` then a question and answer about the scene (the layout of
+    train/pretrain/data.py)."""
     scene = _scene()
     image_HW3 = shapes.render(scene, ckpt.cfg.vision.image_size)
     enc = encode_media(ckpt.vision_tokenizer, to_pixels(image_HW3, clip=False), codes=False)

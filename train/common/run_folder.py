@@ -1,0 +1,152 @@
+"""The run folder of a checkpointing trainer (pretraining, SFT, RL) and its resume contract.
+
+Layout::
+
+    run_dir/config.yaml                 the run's config (rewritten at every start)
+    run_dir/meta.json                   provenance of the newest start
+    run_dir/metrics.jsonl               one record per logged step (records with an ``event`` key are notes)
+    run_dir/checkpoints/step_XXXXXXXX/  the newest ``keep_ckpts`` checkpoints (ernie5.store.checkpoint)
+
+Contract: a new run needs an empty (or absent) folder. ``--resume`` continues the folder's newest
+*complete* checkpoint (an interrupted checkpoint write is never complete) with the run's own config,
+except what the trainer lets change (how the run is spread over processes and devices, and the
+steps, which may grow and never shrink); ``metrics.jsonl`` is cut back to the resume point.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ernie5.config import ConfigError, from_dict, read_yaml, to_dict
+from ernie5.model.config import ModelConfig
+from ernie5.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from ernie5.store.runs import read_jsonl, rewrite_jsonl
+
+CKPT_DIR = "checkpoints"
+
+C = TypeVar("C")
+
+
+class RunError(RuntimeError):
+    """A run folder cannot be used as asked (one-line message)."""
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / "meta.json").is_file())
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of step ``step`` goes."""
+    return Path(run_dir) / CKPT_DIR / f"step_{step:08d}"
+
+
+def drop_old_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints."""
+    for old in checkpoint_dirs(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def first_difference(a: dict, b: dict, prefix: str = "") -> str:
+    """The first dotted key where two config mappings differ (``optim.lr: 0.001 -> 0.002``), or ''."""
+    for k in sorted(set(a) | set(b)):
+        key = f"{prefix}{k}"
+        if k not in a or k not in b:
+            return f"{key} differs"
+        if isinstance(a[k], dict) and isinstance(b[k], dict):
+            sub = first_difference(a[k], b[k], key + ".")
+            if sub:
+                return sub
+        elif a[k] != b[k]:
+            return f"{key}: {a[k]!r} -> {b[k]!r}"
+    return ""
+
+
+def _dotted(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def open_run_dir(
+    run_dir: Path,
+    cfg: C,
+    *,
+    resume: bool,
+    steps_key: str,
+    may_change: Callable[[C], C],
+    check_stored: Callable[[C], None] | None = None,
+) -> tuple[Path | None, C | None]:
+    """Check that ``run_dir`` can take ``cfg`` (the module docstring's contract).
+
+    Args:
+        run_dir: the run folder.
+        cfg: the config of this start.
+        resume: ``--resume``.
+        steps_key: the dotted key of the run's steps (``train.steps``, ``rl.steps``): it may grow.
+        may_change: the stored config with what may change at a resume (the steps at least) taken
+            from ``cfg``; any other difference is a :class:`RunError`.
+        check_stored: a further check of the stored config (raises :class:`RunError`), run after the
+            config comparison and before the steps check.
+
+    Returns:
+        ``(checkpoint to resume or None, the stored config or None)``.
+    """
+    cfg_path = run_dir / "config.yaml"
+    ckpts = checkpoint_dirs(run_dir)
+    if not resume and (ckpts or cfg_path.exists()):
+        raise RunError(
+            f"run folder {run_dir} already holds a run; pass --resume to continue it, or a new --out"
+        )
+    stored = None
+    if resume and cfg_path.exists():
+        try:
+            stored = from_dict(type(cfg), read_yaml(cfg_path))
+        except ConfigError as e:
+            raise RunError(f"{cfg_path}: {e}") from None
+        same = may_change(stored)
+        if to_dict(same) != to_dict(cfg):
+            diff = first_difference(to_dict(same), to_dict(cfg))
+            raise RunError(
+                f"--resume with a different config than {cfg_path} ({diff}); only {steps_key} may grow"
+            )
+        if check_stored is not None:
+            check_stored(stored)
+        old_steps, steps = _dotted(stored, steps_key), _dotted(cfg, steps_key)
+        if steps < old_steps:
+            raise RunError(
+                f"--resume with {steps_key}={steps} < {old_steps} of {cfg_path}: "
+                "a run can be extended, not shortened"
+            )
+    return (ckpts[-1] if (resume and ckpts) else None), stored
+
+
+def cut_metrics(run_dir: Path, step: int, notes: list[dict] | tuple[dict, ...] = ()) -> None:
+    """Cut ``metrics.jsonl`` back to the records at or before ``step`` (the resume point; 0 for a new
+    run), then append ``notes``."""
+    metrics = run_dir / "metrics.jsonl"
+    kept = [r for r in read_jsonl(metrics) if r.get("step", math.inf) <= step]
+    rewrite_jsonl(metrics, [*kept, *notes])
+
+
+def load_start(source: str | Path, model: ModelConfig, key: str) -> Checkpoint:
+    """The checkpoint a run starts from (``key``: the config key that names it, ``train.init_from`` or
+    ``rl.init_from``), loaded in full precision; it must hold ``model``'s config and a text tokenizer
+    (else a one-line :class:`RunError`)."""
+    try:
+        ckpt = load_checkpoint(source, fast=False)
+    except (CheckpointError, OSError) as e:
+        raise RunError(f"{key}: {str(e).splitlines()[0]}") from None
+    theirs, ours = to_dict(ckpt.cfg), to_dict(model)
+    if theirs != ours:
+        raise RunError(f"{key}: {source} has a different model config ({first_difference(theirs, ours)})")
+    if ckpt.tokenizer is None:
+        raise RunError(f"{key}: {source} has no text tokenizer")
+    return ckpt
