@@ -19,7 +19,7 @@ The RL stage (``train.rl``) never imports the harness; the job that starts it (`
   text AHRL takes its hint prefix from.
 
 Image generation (``t2i_shapes``): the query asks for an image (``Query.output == "image"``, with the
-task's own guidance scale); the RL stage samples it through NFSP (``train.rollout_image``) and hands the
+task's own guidance scale); the RL stage samples it through NFSP (``train.rl.rollout_image``) and hands the
 decoded image to :meth:`TaskVerifier.reward`, which scores it with the task's own judge
 (``ernie5.data.shapes.judge`` through :meth:`evals.task.Task.score`, judge version in the task). The
 reward is graded: the mean of the task's four metrics (``all_correct``, ``shape_acc``, ``colour_acc``,
@@ -31,7 +31,7 @@ ones) therefore never occur in training. ``t2i_digits`` has no verifier: its pro
 
 Speech generation (``tts_dtmf``, ``tts_digits``): the query asks for an utterance (``Query.output ==
 "audio"``, with the task's frame budget as ``max_new_tokens`` and, for ``tts_digits``, the speaker); the RL
-stage samples it through Next-Codec Prediction (``train.rollout_audio``) and hands the decoded waveform to
+stage samples it through Next-Codec Prediction (``train.rl.rollout_audio``) and hands the decoded waveform to
 :meth:`TaskVerifier.reward`, which scores it with the task's own judge through
 :meth:`evals.task.Task.score` (``tts_dtmf``: the exact Goertzel DTMF decoder; ``tts_digits``: the
 project's reference recogniser, ``evals.audio_judges``). The reward is per utterance ``1 - min(1, WER)``
@@ -305,7 +305,7 @@ class TaskVerifier:
             return Query(self.name, ex.id, ex.prompt, self.modality, 0, (), "", ex, "image", scale)
         if isinstance(task, (TtsDtmf, TtsDigits)):
             # the harness's request for the prompt: its frame budget and speaker (its temperature is
-            # 0, argmax; RL samples at rollout.audio_temperature, train.rollout_audio)
+            # 0, argmax; RL samples at rollout.audio_temperature, train.rl.rollout_audio)
             (req,) = task.requests(ex)
             assert isinstance(req, SpeechGenerationRequest)
             return Query(

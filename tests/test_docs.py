@@ -78,10 +78,16 @@ def fenced_lines(doc: str) -> list[tuple[int, str]]:
 
 
 def _glob_exists(base: Path, pattern: str) -> bool:
-    pattern = re.sub(r"<[^>]+>", "*", pattern.rstrip("/"))
+    """Whether a file or folder of the repository (tracked or not ignored: never a stale
+    ``__pycache__``) matches ``pattern`` under ``base``."""
+    prefix = base.relative_to(ROOT).as_posix()
+    prefix = "" if prefix == "." else prefix + "/"
+    pattern = prefix + re.sub(r"<[^>]+>", "*", pattern.rstrip("/"))
+    files = tracked()
     if "*" not in pattern:
-        return (base / pattern).exists()
-    return any(True for _ in base.glob(pattern))
+        return pattern in files or any(f.startswith(pattern + "/") for f in files)
+    regex = re.compile(re.escape(pattern).replace(r"\*\*/", "(?:.*/)?").replace(r"\*", "[^/]*") + "(?:/.*)?")
+    return any(regex.fullmatch(f) for f in files)
 
 
 def path_exists(word: str) -> bool:
@@ -96,6 +102,8 @@ def path_exists(word: str) -> bool:
         if any(f.rsplit("/", 1)[-1] == name or f"/{name}/" in f"/{f}" for f in tracked()):
             return True
         return bool(re.search(rf"[\"'/]{re.escape(name)}[\"']", code_strings()))
+    if head in PACKAGES or head == "ernie5":
+        return False  # a path into the repository's own folders must exist
     # a run folder's file (report/index.html, routing/*.json): its parts are named in the code
     parts = [p for p in re.sub(r"<[^>]+>|\*+", "", word).split("/") if p and p not in ("*", "**")]
 
@@ -256,7 +264,7 @@ def test_readme_lists_every_suite() -> None:
 def test_the_checks_catch_what_they_are_for() -> None:
     """The resolvers reject the stale names this test exists for."""
     assert not path_exists("perf-anchors.md")
-    assert not path_exists("train/no_such_module.py")
+    assert not path_exists("train/no_such_module.py") and not path_exists("train/parallel/")
     assert path_exists("evals/tasks/<name>.py") and path_exists("tests/**/test_cuda.py")
     assert path_exists("OUT/study.json") and not path_exists("OUT/no_such_output.json")
     assert dotted_exists("ernie5.subnets.spec.resolve_specs")
