@@ -558,6 +558,19 @@ def check_codec_fits(codec_cfg: Any, cfg: ModelConfig, where: str, error: type[E
         raise error(f"{where}: codec (n_levels, codebook_size)={got} does not fit model.audio {want}")
 
 
+def check_vision_fits(tokenizer_cfg: Any, cfg: ModelConfig, where: str, error: type[Exception]) -> None:
+    """Raise ``error`` unless the vision tokenizer's (image, latent, bits, scales, channels) are the
+    model's vision config's."""
+    v, t = cfg.vision, tokenizer_cfg
+    want = (v.image_size, v.latent_size, v.latent_bits, tuple(v.scales), v.cnn_channels)
+    got = (t.image_size, t.latent_size, t.latent_bits, tuple(t.scales), t.feature_channels)
+    if got != want:
+        raise error(
+            f"{where}: tokenizer (image, latent, bits, scales, channels)={got} does not fit "
+            f"model.vision {want}"
+        )
+
+
 def _load_refiner(path: Path, device) -> Any:
     """The stored cascaded refiner."""
     from ernie5.tokenizers.refiner import Refiner, RefinerConfig
@@ -585,14 +598,7 @@ def _load_vision_tokenizer(path: Path, cfg: ModelConfig, device) -> Any:
         tcfg = from_dict(VisionTokenizerConfig, read_yaml(config_file))
     except ConfigError as e:
         raise CheckpointError(f"{config_file}: {e}") from None
-    v = cfg.vision
-    want = (v.image_size, v.latent_size, v.latent_bits, tuple(v.scales), v.cnn_channels)
-    got = (tcfg.image_size, tcfg.latent_size, tcfg.latent_bits, tuple(tcfg.scales), tcfg.feature_channels)
-    if want != got:
-        raise CheckpointError(
-            f"{config_file}: tokenizer (image, latent, bits, scales, channels)={got} does not fit "
-            f"the model's vision config {want}"
-        )
+    check_vision_fits(tcfg, cfg, str(config_file), CheckpointError)
     tok = VisionTokenizer(tcfg)
     try:
         state = _read_tensors(weights_file)

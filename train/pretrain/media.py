@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ernie5.store.checkpoint import CheckpointError, load_media_part, names_media_checkpoint
+from ernie5.store.checkpoint import (
+    CheckpointError,
+    check_vision_fits,
+    load_media_part,
+    names_media_checkpoint,
+)
 from train.common.run_folder import RunError
 from train.pretrain.config import RunConfig
 
@@ -64,14 +69,7 @@ def load_vision_tokenizer(cfg: RunConfig):
         tok = VisionTokenizer.load(cfg.data.vision_tokenizer)
     except (VisionTokenizerError, OSError) as e:
         raise RunError(f"data.vision_tokenizer: {str(e).splitlines()[0]}") from None
-    v, t = cfg.model.vision, tok.cfg
-    want = (v.image_size, v.latent_size, v.latent_bits, tuple(v.scales), v.cnn_channels)
-    got = (t.image_size, t.latent_size, t.latent_bits, tuple(t.scales), t.feature_channels)
-    if want != got:
-        raise RunError(
-            f"data.vision_tokenizer (image, latent, bits, scales, channels)={got} does not fit "
-            f"model.vision {want}"
-        )
+    check_vision_fits(tok.cfg, cfg.model, "data.vision_tokenizer", RunError)
     return tok.eval().requires_grad_(False)
 
 
