@@ -18,6 +18,10 @@ renames it into place, so a crash never leaves a directory that looks complete b
 Loading never unpickles (no ``torch.load``): tensors come from safetensors, the rest from YAML and
 JSON, and every file is checked against the manifest in ``meta.json`` before use.
 
+Over 500 lines for one reason: the folder format is one contract (write, verify, read, resolve), and
+the media parts it carries (vision tokenizer, audio codec, refiner) are read through its private
+manifest and tensor helpers; a separate module would import them back (an import cycle).
+
 References:
   * safetensors format (https://github.com/huggingface/safetensors): no code execution on load.
   * Hugging Face ``save_pretrained`` layout (``model.safetensors`` + config + tokenizer files).
