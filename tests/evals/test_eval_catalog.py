@@ -14,8 +14,8 @@ from evals.task import TASKS
 KEYS = {"name", "version", "modality", "capability", "metrics", "available"}
 
 
-def test_list_tasks_with_real_data(data_root):
-    rows = list_tasks(data_root)
+def test_list_tasks_with_real_data(task_data_root):
+    rows = list_tasks(task_data_root)
     assert [r["name"] for r in rows] == TASKS.names()
     assert all(set(r) == KEYS and r["available"] for r in rows)
     json.dumps(rows)
@@ -43,8 +43,8 @@ def test_list_tasks_without_data(tmp_path, monkeypatch):
     assert "gsm8k: missing gsm8k/test.jsonl" in format_table(list_tasks(tmp_path))
 
 
-def test_list_tasks_reads_the_environment(data_root, monkeypatch):
-    monkeypatch.setenv("ERNIE5_DATA_DIR", str(data_root))
+def test_list_tasks_reads_the_environment(task_data_root, monkeypatch):
+    monkeypatch.setenv("ERNIE5_DATA_DIR", str(task_data_root))
     assert all(r["available"] for r in list_tasks(None))
 
 
