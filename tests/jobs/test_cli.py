@@ -244,7 +244,7 @@ def test_every_exit_code_is_documented(capsys):
 def test_each_exit_code_class(tmp_path, monkeypatch, capsys):
     from types import SimpleNamespace
 
-    import jobs.cli
+    import jobs.commands.models
     import jobs.nightly
     import reports
 
@@ -264,7 +264,7 @@ def test_each_exit_code_class(tmp_path, monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(jobs.cli, "cmd_params", interrupted)
+    monkeypatch.setattr(jobs.commands.models, "cmd_params", interrupted)
     assert main(["params", "--config", "micro"]) == 130
 
 
@@ -413,13 +413,13 @@ def test_a_device_the_machine_lacks_is_one_line_before_anything_is_written(argv,
     ("command", "key"), [("train", "train.device"), ("sft", "train.device"), ("rl", "rl.device")]
 )
 def test_device_is_the_config_key_and_wins_over_a_set_of_it(command, key):
-    from jobs.cli import _load_run_config, _with_device
+    from jobs.commands.common import load_run_config, with_device
 
     source = ["--config", "micro"] if command == "train" else ["--checkpoint", "reference"]
     args = build_parser().parse_args(
         [command, "--out", "o", *source, "--set", f"{key}=cuda", "--device", "cpu"]
     )
-    assert _with_device(args, key) == [f"{key}=cuda", f"{key}=cpu"]
-    assert _with_device(build_parser().parse_args([command, "--out", "o", *source]), key) == []
+    assert with_device(args, key) == [f"{key}=cuda", f"{key}=cpu"]
+    assert with_device(build_parser().parse_args([command, "--out", "o", *source]), key) == []
     if command == "train":  # the later override wins
-        assert _load_run_config("micro", _with_device(args, key)).train.device == "cpu"
+        assert load_run_config("micro", with_device(args, key)).train.device == "cpu"

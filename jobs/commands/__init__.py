@@ -1,0 +1,1 @@
+"""The ``ernie5`` commands, one module per family; each handler beside its parser."""

@@ -1,0 +1,62 @@
+"""Report commands: ``report`` and ``compare``.
+
+Each handler sits beside the parser of its command; :func:`add_parsers` adds them to ``ernie5``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from jobs.commands.common import EXIT_REGRESSION, check_out
+
+
+def cmd_report(args) -> int:
+    """``ernie5 report``."""
+    from reports import build_report
+
+    if args.out is not None:
+        check_out(args.out)
+    elif Path(args.run_dir).is_dir():
+        check_out(Path(args.run_dir) / "report", "report folder")
+    out = build_report(args.run_dir, args.out)
+    print(out / "index.html")
+    return 0
+
+
+def add_report_parser(sub) -> None:
+    """``ernie5 report``."""
+    r = sub.add_parser("report", help="HTML report, Markdown summary and CSV/JSON tables of a sweep run")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="sweep run folder (manifest.json, units/, ...)")
+    r.add_argument("--out", default=None, help="report folder (default: RUN_DIR/report)")
+    r.set_defaults(fn=cmd_report)
+
+
+def cmd_compare(args) -> int:
+    """``ernie5 compare``: with --fail-on-regression, exit 1 on any significant regression."""
+    from reports import compare_runs
+
+    if args.out is not None:
+        check_out(args.out)
+    result = compare_runs(args.base_run, args.new_run, args.out)
+    print(result.summary_markdown)
+    print(f"written to {result.out_dir}", file=sys.stderr)
+    return EXIT_REGRESSION if args.fail_on_regression and result.has_regression else 0
+
+
+def add_compare_parser(sub) -> None:
+    """``ernie5 compare``."""
+    c = sub.add_parser("compare", help="paired per-(subnet, task) comparison of two sweep runs")
+    c.add_argument("base_run", metavar="BASE_RUN", help="baseline run folder (e.g. last night's)")
+    c.add_argument("new_run", metavar="NEW_RUN", help="run folder under test")
+    c.add_argument("--out", default=None, help="output folder (default: NEW_RUN/report/compare-<BASE name>)")
+    c.add_argument(
+        "--fail-on-regression", action="store_true", help="exit 1 on any significant regression (CI gate)"
+    )
+    c.set_defaults(fn=cmd_compare)
+
+
+def add_parsers(sub) -> None:
+    """This module's commands, in ``ernie5 --help`` order."""
+    add_report_parser(sub)
+    add_compare_parser(sub)
