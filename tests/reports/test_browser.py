@@ -12,7 +12,7 @@ import os
 import pytest
 
 from reports import compare_runs
-from reports.browser import check_page, find_chromium, screenshot
+from tests.reports.browser import check_page, find_chromium, screenshot
 
 SECTIONS = ["overview", "seesaw", "efficiency", "routing", "tasks", "about"]
 

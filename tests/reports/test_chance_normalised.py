@@ -11,7 +11,6 @@ import pytest
 
 from reports import build_report, compare_runs, load_run
 from reports.analysis import analyze
-from reports.browser import check_page, find_chromium
 from reports.scores import (
     RETENTION_NORMALISED,
     RETENTION_RATIO,
@@ -22,6 +21,7 @@ from reports.scores import (
     relative_scores,
 )
 from reports.seesaw import group_scores
+from tests.reports.browser import check_page, find_chromium
 
 from .conftest import RANDOM
 

@@ -14,9 +14,9 @@ import pytest
 
 from ernie5.store.runs import write_json
 from reports import seesaw, study_modality
-from reports.browser import check_page, find_chromium
 from reports.elastic_study import FAMILIES, Study, ratio_ci, write_report
 from reports.load import ReportError
+from tests.reports.browser import check_page, find_chromium
 from tests.reports.conftest import STRENGTH, TASKS, write_run
 
 SHAPES = {

@@ -1,6 +1,6 @@
 """Open a report page in headless Chromium and check what a reader would see.
 
-Used by the browser test (and handy by hand: ``python -m reports.browser PAGE.html [SHOT.png]``).
+Used by the browser test (and handy by hand: ``python -m tests.reports.browser PAGE.html [SHOT.png]``).
 Each call starts a fresh Chromium with a throw-away profile and no network features and drives it
 over the DevTools protocol on a pipe (``--remote-debugging-pipe``: no port, no extra package);
 nothing here is needed to build a report.
