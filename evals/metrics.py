@@ -31,35 +31,6 @@ import numpy as np
 
 T = TypeVar("T")
 
-HIGHER_IS_BETTER: dict[str, bool] = {
-    "acc": True,
-    "acc_norm": True,
-    "exact_match": True,
-    "bits_per_byte": False,
-    "wer": False,
-    "cer": False,
-    # The held-out FSDD speaker's metrics (evals/tasks/audio.py) point the way their seen ones do.
-    "acc_unseen": True,
-    "exact_match_unseen": True,
-    "wer_unseen": False,
-    "cer_unseen": False,
-    "psnr": True,
-    "ssim": True,
-    "psnr_gain": True,
-    "ssim_gain": True,
-    "all_correct": True,
-    "shape_acc": True,
-    "colour_acc": True,
-    "position_acc": True,
-    "judge_acc": True,
-    "frame_acc": True,
-    "direction_acc": True,
-    "motion_consistency": True,
-    "snr_db": True,
-    "mel_distance": False,
-}
-"""Direction of every metric a task may emit; ``compare`` and ``report`` read it."""
-
 MCNEMAR_EXACT_BELOW = 25
 """Discordant-pair count under which :func:`mcnemar` uses the exact binomial test."""
 

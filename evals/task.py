@@ -200,7 +200,8 @@ class Task(Evaluable):
     modality: ClassVar[Modality] = "text"
     capability: ClassVar[Capability] = "understanding"
     metrics: ClassVar[dict[str, bool]]
-    """Metric -> higher is better; the primary metric first."""
+    """Metric -> higher is better; the primary metric first. The one place a metric's direction is
+    declared: results carry it (``higher_is_better``) and reports and comparisons read it from there."""
     splits: ClassVar[tuple[str, ...]]
     """Splits read, the evaluated one first (``"generated"`` for procedural tasks)."""
     data_files: ClassVar[tuple[str, ...]] = ()

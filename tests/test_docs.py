@@ -8,7 +8,7 @@ documents a newcomer reads first and resolve it against the repository:
     ``evals/tasks/<name>.py``) exists from the root, from ``ernie5/`` (ARCHITECTURE's table of the
     library's folders), or, for a bare file name, anywhere in the tree; a file a run writes
     (``report/index.html``, ``OUT/study.json``) is instead named by a string in the code;
-  * a dotted name (``ernie5.subnets.spec.resolve_specs``, ``evals/metrics.HIGHER_IS_BETTER``) is a
+  * a dotted name (``ernie5.subnets.spec.resolve_specs``, ``evals/metrics.choice_accuracy``) is a
     module that exists and defines the name;
   * ``ernie5 CMD --flag ...`` names a command of the CLI and flags that command takes;
   * the README's list of suites is the set of ``suites/*.yaml``.
@@ -165,7 +165,7 @@ def references(doc: str) -> list[tuple[int, str, str]]:
             elif re.fullmatch(r"[\w.*<>/-]+/[A-Za-z_]\w*\.[A-Za-z_]\w*", word) and not word.endswith(
                 EXTENSIONS
             ):
-                out.append((line, "dotted", word))  # evals/metrics.HIGHER_IS_BETTER
+                out.append((line, "dotted", word))  # evals/metrics.choice_accuracy
             elif (
                 ("/" in word or word.endswith(EXTENSIONS))
                 and re.fullmatch(r"[\w.*<>/-]+", word)

@@ -24,7 +24,6 @@ from evals.api import (
     RollingResult,
     SpeechGenerationRequest,
 )
-from evals.metrics import HIGHER_IS_BETTER
 from evals.random_model import RandomModel
 from evals.task import TASKS, Capability, Example, Modality, Task
 
@@ -83,6 +82,19 @@ def test_registry_has_the_promised_tasks():
     assert expected <= set(ALL_TASKS)
 
 
+def test_a_metric_points_the_same_way_in_every_task():
+    """Direction is declared once per task (``Task.metrics``) and travels with the results; a metric
+    name means one direction everywhere, so reports and comparisons across tasks agree."""
+    seen: dict[str, tuple[bool, str]] = {}
+    for name in ALL_TASKS:
+        for metric, higher in TASKS.get(name).metrics.items():
+            first = seen.setdefault(metric, (higher, name))
+            assert first[0] is higher, f"{metric}: higher={higher} in {name}, {first[0]} in {first[1]}"
+        for metric, higher in TASKS.get(name).metrics.items():
+            if metric.endswith("_unseen"):
+                assert TASKS.get(name).metrics[metric.removesuffix("_unseen")] is higher, (name, metric)
+
+
 @pytest.mark.parametrize("name", ALL_TASKS)
 def test_metadata(name):
     cls = TASKS.get(name)
@@ -92,8 +104,6 @@ def test_metadata(name):
     assert cls.modality in typing.get_args(Modality)
     assert cls.capability in typing.get_args(Capability)
     assert cls.metrics and all(isinstance(v, bool) for v in cls.metrics.values())
-    for metric, higher in cls.metrics.items():
-        assert HIGHER_IS_BETTER[metric] is higher, metric
     assert cls.splits and all(isinstance(s, str) for s in cls.splits)
     assert isinstance(cls.data_files, tuple)
     assert all(not f.startswith("/") and ".." not in f for f in cls.data_files)
@@ -189,7 +199,6 @@ def test_random_model_end_to_end(name, request):
     for metric in cls.metrics:
         value, stderr = task.aggregate(metric, [s[metric] for s in scored])
         assert math.isfinite(value) and math.isfinite(stderr) and stderr >= 0
-        assert metric in HIGHER_IS_BETTER
 
 
 @pytest.mark.parametrize("name", ALL_TASKS)
@@ -213,7 +222,7 @@ def test_a_perfect_answer_gets_full_marks(name, request):
             if isinstance(v, tuple):  # corpus error components (edits, reference units)
                 assert v[0] == 0 and v[1] > 0, (example.id, metric)
             else:
-                assert v == (1.0 if HIGHER_IS_BETTER[metric] else 0.0), (example.id, metric)
+                assert v == (1.0 if cls.metrics[metric] else 0.0), (example.id, metric)
 
 
 @pytest.mark.parametrize("name", ALL_TASKS)
