@@ -77,22 +77,17 @@ from ernie5.data.vision_sources import (
 from evals.answers import match_choice
 from evals.api import GenerationRequest, GenerationResult, MediaPart, MediaResult, SpeechGenerationRequest
 from evals.task import TASKS, Example, Task
-from evals.tasks.audio import AsrFsdd, AudioExample, TtsDigits, TtsDtmf
+from evals.tasks.audio_generation import TtsDigits, TtsDtmf
+from evals.tasks.audio_items import AudioExample
+from evals.tasks.audio_understanding import AsrFsdd
 from evals.tasks.babi import BabiQA1
 from evals.tasks.babi import _prompt as babi_prompt
 from evals.tasks.math_word import STOP as MATH_STOP
 from evals.tasks.math_word import MathWordTask
+from evals.tasks.media import IMAGE_SIZE, MediaExample, choice_example
 from evals.tasks.procedural import ProceduralTask
-from evals.tasks.vision import (
-    IMAGE_SIZE,
-    DigitVQA,
-    MediaExample,
-    TextToImageShapes,
-    VideoDigits,
-    VideoShapes,
-    _ShapesVQA,
-    choice_example,
-)
+from evals.tasks.vision_generation import TextToImageShapes
+from evals.tasks.vision_understanding import DigitVQA, ShapesVQA, VideoDigits, VideoShapes
 
 MC_MAX_NEW_TOKENS = 8
 """Generation budget of a multiple-choice answer (every choice is a word or two)."""
@@ -162,7 +157,7 @@ class TaskVerifier:
             self.task,
             (
                 ProceduralTask,
-                _ShapesVQA,
+                ShapesVQA,
                 DigitVQA,
                 VideoShapes,
                 VideoDigits,
@@ -219,7 +214,7 @@ class TaskVerifier:
             )
         if isinstance(task, (TtsDtmf, TtsDigits)):  # drawn as the task draws its evaluated prompts
             return task.draw(rng, f"rl-{index}")
-        if isinstance(task, _ShapesVQA):
+        if isinstance(task, ShapesVQA):
             while True:
                 scene = shapes.random_scene(rng)
                 ask = shapes.relational_questions if task.relational else shapes.attribute_questions

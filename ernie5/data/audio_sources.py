@@ -3,7 +3,7 @@
 Every source draws one :class:`AudioDoc` per call from a seeded generator: a waveform (8 kHz) and
 the text around it. The stream encodes a micro-batch's waveforms with the frozen codec in one call
 and lays them out as audio segments. The prompt and answer formats are the ones the harness's audio
-tasks use (``evals/tasks/audio.py`` imports them from here), so training and evaluation agree:
+tasks use (the ``evals/tasks/audio_*.py`` modules import them from here), so training and evaluation agree:
 
   * recognition: ``BOA <frames> EOA Transcript: seven three`` (the frames are input only);
   * synthesis (TTS): ``Say: seven three. BOA <speaker> <frames> EOA`` with Next-Codec-Prediction

@@ -3,7 +3,7 @@
 Every source draws one :class:`MediaDoc` per call from a seeded generator: the media (uint8) and the
 text around it. The stream turns a micro-batch's MediaDocs into segments with one frozen-tokenizer
 call per (kind, frame count) (``ernie5.sequence.vision``). Prompt and answer formats are the ones the
-harness's vision tasks use (``evals/tasks/vision.py`` imports them from here), so training and
+harness's vision tasks use (``evals/tasks/vision_*.py`` import them from here), so training and
 evaluation agree:
 
   * generation: ``Draw: <caption>.`` / ``Draw the digit 7.`` / ``Animate: a red circle moving left.``

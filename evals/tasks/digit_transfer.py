@@ -46,7 +46,7 @@ from ernie5.data.digit_sources import (
 from ernie5.data.mnist import digit_image
 from ernie5.data.vision_sources import DIGIT_QUESTION
 from evals.task import TASKS, Example
-from evals.tasks.vision import GENERATED, IMAGE_SIZE, CountOptions, _ChoiceOverMedia, choice_example
+from evals.tasks.media import GENERATED, IMAGE_SIZE, ChoiceOverMedia, CountOptions, choice_example
 
 CHOICES = tuple(str(d) for d in range(10))
 STROKES_SEED = 20261206
@@ -62,7 +62,7 @@ def digit_examples(prefix: str, images: np.ndarray, labels: np.ndarray) -> list[
 
 
 @TASKS.register("digit_vqa_strokes")
-class DigitVQAStrokes(_ChoiceOverMedia):
+class DigitVQAStrokes(ChoiceOverMedia):
     """Which digit is this? Procedural pen digits (classes in turn), never trained on, 10-way choice."""
 
     name = "digit_vqa_strokes"
@@ -77,7 +77,7 @@ class DigitVQAStrokes(_ChoiceOverMedia):
 
 
 @TASKS.register("digit_vqa_usps")
-class DigitVQAUSPS(_ChoiceOverMedia):
+class DigitVQAUSPS(ChoiceOverMedia):
     """Which digit is this? The USPS test set (2,007 digits), framed like MNIST, 10-way choice."""
 
     name = "digit_vqa_usps"
@@ -92,7 +92,7 @@ class DigitVQAUSPS(_ChoiceOverMedia):
 
 
 @TASKS.register("digit_vqa_semeion")
-class DigitVQASemeion(_ChoiceOverMedia):
+class DigitVQASemeion(ChoiceOverMedia):
     """Which digit is this? The Semeion handwritten digits (1,593), framed like MNIST, 10-way choice."""
 
     name = "digit_vqa_semeion"

@@ -20,7 +20,7 @@ from ernie5.data.audio import (
 from evals.api import Answers, GenerationResult
 from evals.random_model import RandomModel
 from evals.task import TASKS
-from evals.tasks.audio import UNSEEN_PER_DIGIT, unseen_eval_files, unseen_eval_indices
+from evals.tasks.audio_items import UNSEEN_PER_DIGIT, unseen_eval_files, unseen_eval_indices
 
 GROUPED = ("asr_fsdd", "spoken_digit_qa")
 
