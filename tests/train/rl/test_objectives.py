@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from train import rl_objectives as rlo
+from train.rl import objectives as rlo
 
 
 def _rand(B=4, T=7, seed=0, scale=0.3):
