@@ -167,7 +167,7 @@ def plan_units(
         seed = cfg.seed if entry.seed is None else entry.seed
         tasks.append((task, lim, seed, ok, reason, data_hash))
     if cfg.lm_eval:
-        from evals.lm_eval_bridge import lm_eval_units
+        from evals.lm_eval.unit import lm_eval_units
 
         for entry in cfg.lm_eval:
             for unit in lm_eval_units(entry, loaded.path.parent, allow_code=allow_code):

@@ -1,7 +1,7 @@
 """The :class:`Task` base class, the :class:`Example` record and the ``TASKS`` registry.
 
 What a sweep unit evaluates is an :class:`Evaluable`: a registered :class:`Task`, or an lm-eval
-task (``evals.lm_eval_bridge.LmEvalUnit``). Both answer :meth:`Evaluable.evaluate` with a
+task (``evals.lm_eval.unit.LmEvalUnit``). Both answer :meth:`Evaluable.evaluate` with a
 :class:`UnitResult`; the sweep never asks which kind it holds.
 
 A task turns dataset items into :class:`Example` s, each example into model requests

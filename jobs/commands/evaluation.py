@@ -145,7 +145,7 @@ def add_sweep_parser(sub) -> None:
 
 def cmd_lm_eval(args) -> int:
     """``ernie5 lm-eval``: lm-eval's own command line with the ``ernie5`` model registered."""
-    from evals.lm_eval_bridge import run_lm_eval_cli
+    from evals.lm_eval.cli import run_lm_eval_cli
 
     return run_lm_eval_cli(args.lm_eval_args)
 

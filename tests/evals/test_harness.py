@@ -371,7 +371,7 @@ def test_limit_below_one_is_rejected(micro_ckpt, tmp_path):
 
 
 def test_the_unsafe_code_flag_reaches_the_lm_eval_units(micro_ckpt, tmp_path, monkeypatch):
-    import evals.lm_eval_bridge
+    import evals.lm_eval.unit
     import evals.sweep
 
     seen = []
@@ -380,7 +380,7 @@ def test_the_unsafe_code_flag_reaches_the_lm_eval_units(micro_ckpt, tmp_path, mo
         seen.append(kwargs.get("allow_code"))
         return []
 
-    monkeypatch.setattr(evals.lm_eval_bridge, "lm_eval_units", units)
+    monkeypatch.setattr(evals.lm_eval.unit, "lm_eval_units", units)
     (tmp_path / "tasks").mkdir()
     suite = _suite(tmp_path, SMALL + "lm_eval:\n  - {task_dir: tasks, tasks: [t]}\n")
     loaded = load_suite(suite)

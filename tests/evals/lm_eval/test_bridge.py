@@ -22,10 +22,13 @@ from ernie5.subnets.params import count_params  # noqa: E402
 from ernie5.subnets.spec import resolve  # noqa: E402
 from evals.adapter import Ernie5EvalModel  # noqa: E402
 from evals.api import GenerationRequest, LoglikelihoodRequest, RollingRequest  # noqa: E402
-from evals.lm_eval_bridge import Ernie5LM, _all_local, lm_eval_units, run_lm_eval_cli  # noqa: E402
+from evals.lm_eval.cli import run_lm_eval_cli  # noqa: E402
+from evals.lm_eval.model import Ernie5LM  # noqa: E402
+from evals.lm_eval.task_yaml import all_local  # noqa: E402
+from evals.lm_eval.unit import lm_eval_units  # noqa: E402
 from evals.suite import LmEvalEntry  # noqa: E402
 
-SUITES = Path(__file__).resolve().parents[2] / "suites"
+SUITES = Path(__file__).resolve().parents[3] / "suites"
 N_DOCS = 6
 TOY_YAML = """\
 task: toy_mc
@@ -214,7 +217,7 @@ def test_use_cache_is_refused_on_the_cli(run_dir, tmp_path, capsys, form):
 
 
 def test_device_variant_of_the_adapter_answers_the_same(eval_model):
-    from evals.lm_eval_bridge import _DeviceEvalModel
+    from evals.lm_eval.model import _DeviceEvalModel
 
     reqs = [LoglikelihoodRequest("Q: 1+1=\nA:", " 2"), LoglikelihoodRequest("ab", "cd")]
     moved = _DeviceEvalModel(eval_model.ckpt, eval_model.subnet, batch_size=2).loglikelihood(reqs)
@@ -288,8 +291,8 @@ def test_generation_unit_with_filters(eval_model, tmp_path):
 
 
 def test_cli_skips_the_builtin_task_index_only_for_local_tasks(toy_tasks):
-    assert _all_local("toy_mc", str(toy_tasks)) and not _all_local("toy_mc,arc_easy", str(toy_tasks))
-    assert not _all_local("toy_mc", None)
+    assert all_local("toy_mc", str(toy_tasks)) and not all_local("toy_mc,arc_easy", str(toy_tasks))
+    assert not all_local("toy_mc", None)
 
 
 def test_unknown_lm_eval_task_is_named(tmp_path):
