@@ -1,4 +1,4 @@
-"""The model as the harness sees it: three request kinds and an :class:`EvalModel` protocol.
+"""The model as the harness sees it: the request kinds (:data:`REQUEST_KINDS`) and the EvalModel protocol.
 
 Tasks build requests; a model answers them in batches. Contexts are plain text or, for
 multimodal tasks, a tuple of parts (text strings and :class:`MediaPart` items) that the model
@@ -232,12 +232,39 @@ class EvalModel(Protocol):
         ...
 
 
-MEDIA_METHODS = {
-    MediaGenerationRequest: "generate_media",
-    SpeechGenerationRequest: "generate_speech",
-    ReconstructionRequest: "reconstruct",
-    RefineRequest: "refine",
-}
+@dataclass(frozen=True)
+class RequestKind:
+    """One kind of request: the method that answers it, its result type and its name in the cache."""
+
+    name: str
+    """Its name in the response cache's ``kind`` column and key (stored in cached rows: never renamed)."""
+    request: type
+    method: str
+    """The :class:`EvalModel` method that answers a list of these requests with :class:`Answers`."""
+    result: type
+
+    @property
+    def media(self) -> bool:
+        """Whether its answers carry an image, a clip or a waveform (:class:`MediaResult`)."""
+        return self.result is MediaResult
+
+
+REQUEST_KINDS: tuple[RequestKind, ...] = (
+    RequestKind("loglikelihood", LoglikelihoodRequest, "loglikelihood", LoglikelihoodResult),
+    RequestKind("rolling", RollingRequest, "loglikelihood_rolling", RollingResult),
+    RequestKind("generate", GenerationRequest, "generate", GenerationResult),
+    RequestKind("generate_media", MediaGenerationRequest, "generate_media", MediaResult),
+    RequestKind("generate_speech", SpeechGenerationRequest, "generate_speech", MediaResult),
+    RequestKind("reconstruct", ReconstructionRequest, "reconstruct", MediaResult),
+    RequestKind("refine", RefineRequest, "refine", MediaResult),
+)
+"""Every request kind, in the order a task's requests are answered. The one table of kinds: the task
+pipeline dispatches by it (:meth:`evals.task.Task.evaluate`), the response cache names, encodes and
+answers by it (:class:`evals.cache.CachedModel` has one method per row), and the checkpoint adapter and
+the random model implement its methods (``tests/evals/test_request_kinds.py`` holds all three to it)."""
+
+KIND_OF: dict[type, RequestKind] = {k.request: k for k in REQUEST_KINDS}
+"""Request type -> its :class:`RequestKind`."""
 """Optional EvalModel methods for media requests (``generate_media``, ``generate_speech``,
 ``reconstruct``, ``refine``):
 a model without one answers tasks that need it with a clear error, recorded as an error unit."""

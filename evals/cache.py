@@ -24,43 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from evals.api import (
-    Answers,
-    Cost,
-    GenerationRequest,
-    GenerationResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    MediaGenerationRequest,
-    MediaPart,
-    MediaResult,
-    ReconstructionRequest,
-    RefineRequest,
-    Request,
-    Response,
-    RollingRequest,
-    RollingResult,
-    SpeechGenerationRequest,
-)
+from evals.api import KIND_OF, REQUEST_KINDS, Answers, Cost, MediaPart, MediaResult, Request, Response
 
-_KINDS = {
-    LoglikelihoodRequest: "loglikelihood",
-    RollingRequest: "rolling",
-    GenerationRequest: "generate",
-    MediaGenerationRequest: "generate_media",
-    SpeechGenerationRequest: "generate_speech",
-    ReconstructionRequest: "reconstruct",
-    RefineRequest: "refine",
-}
-_RESULTS = {
-    "loglikelihood": LoglikelihoodResult,
-    "rolling": RollingResult,
-    "generate": GenerationResult,
-    "generate_media": MediaResult,
-    "generate_speech": MediaResult,
-    "reconstruct": MediaResult,
-    "refine": MediaResult,
-}
+_BY_NAME = {k.name: k for k in REQUEST_KINDS}
 
 
 def _encode_response(resp: Response) -> str:
@@ -82,11 +48,11 @@ def _encode_response(resp: Response) -> str:
 
 def _decode_response(kind: str, text: str) -> Response:
     obj = json.loads(text)
-    if kind in ("generate_media", "generate_speech", "reconstruct", "refine"):
+    if _BY_NAME[kind].media:
         m = obj["media"]
         arr = np.frombuffer(base64.b64decode(m["b64"]), dtype=m["dtype"]).reshape(m["shape"]).copy()
         return MediaResult(arr, obj.get("n_tokens", 0))
-    return _RESULTS[kind](**obj)
+    return _BY_NAME[kind].result(**obj)
 
 
 SCHEMA = """
@@ -119,7 +85,7 @@ def _canonical(value: Any) -> Any:
 
 def request_kind(request: Request) -> str:
     """``loglikelihood`` | ``rolling`` | ``generate``."""
-    return _KINDS[type(request)]
+    return KIND_OF[type(request)].name
 
 
 def request_key(model_fingerprint: str, request: Request) -> str:
@@ -243,23 +209,15 @@ class CachedModel:
             [answers[k][0] for k in keys], [answers[k][1] for k in keys], model_s=model_s, routing=routing
         )
 
-    def loglikelihood(self, requests):  # noqa: D102
-        return self._call(requests, "loglikelihood")
 
-    def loglikelihood_rolling(self, requests):  # noqa: D102
-        return self._call(requests, "loglikelihood_rolling")
+def _answer_by_cache(method: str):
+    def answer(self: CachedModel, requests: list[Request]) -> Answers:
+        return self._call(requests, method)
 
-    def generate(self, requests):  # noqa: D102
-        return self._call(requests, "generate")
+    answer.__name__ = answer.__qualname__ = method
+    answer.__doc__ = f"The model's ``{method}``, answered from the cache where it can be."
+    return answer
 
-    def generate_media(self, requests):  # noqa: D102
-        return self._call(requests, "generate_media")
 
-    def generate_speech(self, requests):  # noqa: D102
-        return self._call(requests, "generate_speech")
-
-    def reconstruct(self, requests):  # noqa: D102
-        return self._call(requests, "reconstruct")
-
-    def refine(self, requests):  # noqa: D102
-        return self._call(requests, "refine")
+for _kind in REQUEST_KINDS:  # one method per request kind, named as the EvalModel's
+    setattr(CachedModel, _kind.method, _answer_by_cache(_kind.method))

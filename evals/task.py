@@ -37,14 +37,11 @@ from ernie5.data.root import DataMissing, require_file
 from ernie5.files import hash_file_into
 from ernie5.registry import Registry
 from evals.api import (
-    MEDIA_METHODS,
-    GenerationRequest,
+    REQUEST_KINDS,
     GenerationResult,
-    LoglikelihoodRequest,
     LoglikelihoodResult,
     Request,
     Response,
-    RollingRequest,
     RollingResult,
     add_routing,
 )
@@ -127,15 +124,6 @@ def _excerpt(text: str, n: int = EXCERPT_CHARS) -> str:
 
 def _jsonable(value: Score) -> float | list[float]:
     return list(value) if isinstance(value, tuple) else value
-
-
-METHODS: dict[type, str] = {
-    LoglikelihoodRequest: "loglikelihood",
-    RollingRequest: "loglikelihood_rolling",
-    GenerationRequest: "generate",
-    **MEDIA_METHODS,
-}
-"""The EvalModel method that answers each request kind."""
 
 
 class TaskInputError(ValueError):
@@ -291,8 +279,9 @@ class Task(Evaluable):
         flat = [(i, j, r) for i, reqs in enumerate(per_example) for j, r in enumerate(reqs)]
         responses: list[list] = [[None] * len(reqs) for reqs in per_example]
         model_s, routing = 0.0, {}
-        for kind, method in METHODS.items():
-            group = [(i, j, r) for i, j, r in flat if isinstance(r, kind)]
+        for kind in REQUEST_KINDS:
+            method = kind.method
+            group = [(i, j, r) for i, j, r in flat if isinstance(r, kind.request)]
             if not group:
                 continue
             if not hasattr(model, method):

@@ -11,7 +11,7 @@ import pytest
 import evals.tasks  # noqa: F401  (registers every task)
 from ernie5.data.root import DataMissing
 from evals.api import (
-    MEDIA_METHODS,
+    KIND_OF,
     GenerationRequest,
     GenerationResult,
     LoglikelihoodRequest,
@@ -48,14 +48,7 @@ def _root_for(cls: type[Task], data_root_request: pytest.FixtureRequest):
 
 
 def _answer(model: RandomModel, requests: list) -> list:
-    kind = type(requests[0])
-    if kind is LoglikelihoodRequest:
-        return model.loglikelihood(requests).results
-    if kind is RollingRequest:
-        return model.loglikelihood_rolling(requests).results
-    if kind in MEDIA_METHODS:
-        return getattr(model, MEDIA_METHODS[kind])(requests).results
-    return model.generate(requests).results
+    return getattr(model, KIND_OF[type(requests[0])].method)(requests).results
 
 
 def test_registry_has_the_promised_tasks():
