@@ -34,25 +34,63 @@ from evals.task import TASKS, Example, Score, Task
 from evals.tasks.media import GENERATED, GenOptions, MediaExample, describe_media, media_result, mnist_files
 
 
-@TASKS.register("t2i_shapes")
-class TextToImageShapes(Task):
-    """Draw a described shapes scene; the analytic judge checks shapes, colours and positions."""
+class MediaGeneration(Task):
+    """What the image and clip generation tasks share: one generation request per example, of
+    ``n_frames`` frames, seeded by the example's index."""
 
     requires = ("vision",)
+    capability = "generation"
+    splits = ("generated",)
+    how_to_get = GENERATED
+    Options = GenOptions
+    n_frames: ClassVar[int] = 1
+
+    def requests(self, example: MediaExample) -> list[Request]:
+        i = int(example.id.rsplit("-", 1)[1])
+        opts = self.options
+        return [
+            MediaGenerationRequest(example.prompt, self.n_frames, opts.cfg_scale, opts.temperature, seed=i)
+        ]
+
+
+class ClipGeneration(MediaGeneration):
+    """A clip of ``CLIP_FRAMES`` frames, judged per frame (:meth:`frames_ok`) and by the motion of the
+    frame centroids."""
+
+    modality = "video"
+    n_frames = CLIP_FRAMES
+    metrics: ClassVar[dict[str, bool]] = {
+        "frame_acc": True,
+        "direction_acc": True,
+        "motion_consistency": True,
+    }
+
+    def frames_ok(self, example: MediaExample, clip: np.ndarray) -> list[bool]:
+        """Whether each frame shows what the prompt asked for."""
+        raise NotImplementedError
+
+    def score(self, example: MediaExample, responses: list[Response]) -> dict[str, Score]:
+        clip = media_result(self.name, example, responses)
+        return {
+            "frame_acc": float(np.mean(ok)) if (ok := self.frames_ok(example, clip)) else 0.0,
+            "direction_acc": float(judges.motion_direction(clip) == example.target),
+            "motion_consistency": judges.motion_consistency(clip),
+        }
+
+
+@TASKS.register("t2i_shapes")
+class TextToImageShapes(MediaGeneration):
+    """Draw a described shapes scene; the analytic judge checks shapes, colours and positions."""
 
     name = "t2i_shapes"
     version = 1
     modality = "image"
-    capability = "generation"
     metrics: ClassVar[dict[str, bool]] = {
         "all_correct": True,
         "shape_acc": True,
         "colour_acc": True,
         "position_acc": True,
     }
-    splits = ("generated",)
-    how_to_get = GENERATED
-    Options = GenOptions
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
         out = []
@@ -68,14 +106,6 @@ class TextToImageShapes(Task):
             )
         return out
 
-    def requests(self, example: MediaExample) -> list[Request]:
-        i = int(example.id.rsplit("-", 1)[1])
-        return [
-            MediaGenerationRequest(
-                example.prompt, 1, self.options.cfg_scale, self.options.temperature, seed=i
-            )
-        ]
-
     def score(self, example: MediaExample, responses: list[Response]) -> dict[str, Score]:
         img = media_result(self.name, example, responses)[0]
         verdict = shapes.judge(img, example.info["scene"])
@@ -90,15 +120,11 @@ class TextToImageShapes(Task):
         )
 
 
-class DigitJudged(Task):
-    """Shared loading of the digit judge (it needs the data root)."""
-
-    requires = ("vision",)
+class DigitJudged(MediaGeneration):
+    """Generation judged by the digit classifier (it needs the data root)."""
 
     data_files = mnist_files()
     how_to_get = MNIST_HOW
-    splits = ("generated",)
-    Options = GenOptions
 
     def _judge(self, data_dir) -> judges.DigitJudge:
         if getattr(self, "_judge_cache", None) is None:
@@ -113,7 +139,6 @@ class TextToImageDigits(DigitJudged):
     name = "t2i_digits"
     version = 1
     modality = "image"
-    capability = "generation"
     metrics: ClassVar[dict[str, bool]] = {"judge_acc": True}
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
@@ -121,14 +146,6 @@ class TextToImageDigits(DigitJudged):
         return [
             MediaExample(id=f"{self.name}-{i}", prompt=digit_prompt(i % 10), target=str(i % 10))
             for i in range(self.options.n_examples)
-        ]
-
-    def requests(self, example: MediaExample) -> list[Request]:
-        i = int(example.id.rsplit("-", 1)[1])
-        return [
-            MediaGenerationRequest(
-                example.prompt, 1, self.options.cfg_scale, self.options.temperature, seed=i
-            )
         ]
 
     def score(self, example: MediaExample, responses: list[Response]) -> dict[str, Score]:
@@ -150,32 +167,12 @@ class TextToImageDigits(DigitJudged):
         )
 
 
-def _clip_scores(clip: np.ndarray, direction: str, frame_ok: list[bool]) -> dict[str, float]:
-    return {
-        "frame_acc": float(np.mean(frame_ok)) if frame_ok else 0.0,
-        "direction_acc": float(judges.motion_direction(clip) == direction),
-        "motion_consistency": judges.motion_consistency(clip),
-    }
-
-
 @TASKS.register("t2v_shapes")
-class TextToVideoShapes(Task):
+class TextToVideoShapes(ClipGeneration):
     """Animate a shape moving in a direction; per-frame shape/colour judge plus centroid motion."""
-
-    requires = ("vision",)
 
     name = "t2v_shapes"
     version = 1
-    modality = "video"
-    capability = "generation"
-    metrics: ClassVar[dict[str, bool]] = {
-        "frame_acc": True,
-        "direction_acc": True,
-        "motion_consistency": True,
-    }
-    splits = ("generated",)
-    how_to_get = GENERATED
-    Options = GenOptions
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
         out = []
@@ -193,40 +190,20 @@ class TextToVideoShapes(Task):
             )
         return out
 
-    def requests(self, example: MediaExample) -> list[Request]:
-        i = int(example.id.rsplit("-", 1)[1])
+    def frames_ok(self, example: MediaExample, clip: np.ndarray) -> list[bool]:  # noqa: D102
+        info = example.info
         return [
-            MediaGenerationRequest(
-                example.prompt, CLIP_FRAMES, self.options.cfg_scale, self.options.temperature, seed=i
-            )
+            len(found) == 1 and found[0].kind == info["kind"] and found[0].color == info["color"]
+            for found in (shapes.parse_image(frame).shapes for frame in clip)
         ]
-
-    def score(self, example: MediaExample, responses: list[Response]) -> dict[str, Score]:
-        clip = media_result(self.name, example, responses)
-        ok = []
-        for frame in clip:
-            found = shapes.parse_image(frame).shapes
-            ok.append(
-                len(found) == 1
-                and found[0].kind == example.info["kind"]
-                and found[0].color == example.info["color"]
-            )
-        return _clip_scores(clip, example.target, ok)
 
 
 @TASKS.register("t2v_digits")
-class TextToVideoDigits(DigitJudged):
+class TextToVideoDigits(DigitJudged, ClipGeneration):
     """Animate a digit moving in a direction; per-frame digit judge plus centroid motion."""
 
     name = "t2v_digits"
     version = 1
-    modality = "video"
-    capability = "generation"
-    metrics: ClassVar[dict[str, bool]] = {
-        "frame_acc": True,
-        "direction_acc": True,
-        "motion_consistency": True,
-    }
 
     def all_examples(self, data_dir: str | Path | None) -> list[Example]:
         self._judge(data_dir)
@@ -243,15 +220,6 @@ class TextToVideoDigits(DigitJudged):
             )
         return out
 
-    def requests(self, example: MediaExample) -> list[Request]:
-        i = int(example.id.rsplit("-", 1)[1])
-        return [
-            MediaGenerationRequest(
-                example.prompt, CLIP_FRAMES, self.options.cfg_scale, self.options.temperature, seed=i
-            )
-        ]
-
-    def score(self, example: MediaExample, responses: list[Response]) -> dict[str, Score]:
-        clip = media_result(self.name, example, responses)
+    def frames_ok(self, example: MediaExample, clip: np.ndarray) -> list[bool]:  # noqa: D102
         pred, _ = self._judge_cache.predict(clip)
-        return _clip_scores(clip, example.target, [int(p) == example.info["digit"] for p in pred])
+        return [int(p) == example.info["digit"] for p in pred]
