@@ -9,7 +9,8 @@ Every cell of either run gets a row with a ``status``:
 
 ``verdict`` is ``regression``, ``improvement``, ``no change`` or ``n/a``. Two runs with no cell that
 can gate (none ``compared``, none ``failing``) are an error, not a pass. Outputs go to
-``NEW_RUN/report/compare-<base name>/`` by default: ``index.html``, ``summary.md``, ``deltas.csv|json``.
+``NEW_RUN/report/compare-<base name>/`` by default: ``index.html`` and ``summary.md`` (one document,
+:func:`compare_document`), ``deltas.png``, ``deltas.csv|json``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from ernie5.store.runs import write_atomic
 from reports import formatting as f
 from reports import paired, plots
 from reports.definitions import COMPARE_ABOUT
-from reports.html import badge, definitions, esc, figure, key_values, page, paragraph, table
 from reports.load import ReportError, Run, load_run, read_samples
-from reports.markdown import compare_summary
+from reports.render.document import Block, Definitions, Document, Figure, KeyValues, Section, Table, Text
+from reports.render.files import write_figures
+from reports.render.html import to_html
+from reports.render.markdown import to_markdown
 from reports.report import write_tables
 
 CELL_COLUMNS = [
@@ -51,6 +54,8 @@ GATING = ("compared", "failing")
 """Cell statuses that can decide a regression verdict."""
 MAX_PLOTTED = 40
 """Most cells drawn in the change plot (those with the smallest p-values)."""
+DELTA_PLOT = "deltas.png"
+"""The change plot's file beside ``summary.md``."""
 MANIFEST_DIFF = ("suite", "suite_hash", "checkpoint", "checkpoint_hash", "git_hash", "data_dir")
 
 
@@ -146,74 +151,81 @@ def compare_cells(base: Run, new: Run, seed: int = 0) -> pd.DataFrame:
 
 
 def _view(cells: pd.DataFrame) -> pd.DataFrame:
-    """The cells as display columns (HTML-ready text; badges for status and verdict)."""
+    """The cells as display columns (text; ``status`` and ``verdict`` become badges on the page)."""
     arrow = ["\u2191" if h else "\u2193" for h in cells["higher_is_better"]]
     return pd.DataFrame(
         {
-            "subnet": [esc(x) for x in cells["subnet"]],
-            "task": [esc(x) for x in cells["task"]],
-            "metric": [f"{esc(m)} {a}" for m, a in zip(cells["metric"], arrow)],
-            "status": [badge(x) for x in cells["status"]],
-            "base": [esc(f.num(x, 4)) for x in cells["base_value"]],
-            "new": [esc(f.num(x, 4)) for x in cells["new_value"]],
-            "delta": [esc(f.signed(x, 4)) for x in cells["delta"]],
+            "subnet": cells["subnet"].to_numpy(),
+            "task": cells["task"].to_numpy(),
+            "metric": [f"{m} {a}" for m, a in zip(cells["metric"], arrow)],
+            "status": cells["status"].to_numpy(),
+            "base": [f.num(x, 4) for x in cells["base_value"]],
+            "new": [f.num(x, 4) for x in cells["new_value"]],
+            "delta": [f.signed(x, 4) for x in cells["delta"]],
             "95% CI": [
-                esc(f.ci(lo, hi, lambda v: f.signed(v, 4)))
-                for lo, hi in zip(cells["ci_low"], cells["ci_high"])
+                f.ci(lo, hi, lambda v: f.signed(v, 4)) for lo, hi in zip(cells["ci_low"], cells["ci_high"])
             ],
-            "n": [esc(x) for x in cells["n_paired"]],
-            "method": [esc(x) for x in cells["method"]],
-            "p": [esc(f.pvalue(x)) for x in cells["p_value"]],
-            "p (Holm)": [esc(f.pvalue(x)) for x in cells["p_adjusted"]],
-            "verdict": [badge(x) for x in cells["verdict"]],
-            "note": [esc(x) for x in cells["note"]],
+            "n": [f.text(x) for x in cells["n_paired"]],
+            "method": cells["method"].to_numpy(),
+            "p": [f.pvalue(x) for x in cells["p_value"]],
+            "p (Holm)": [f.pvalue(x) for x in cells["p_adjusted"]],
+            "verdict": cells["verdict"].to_numpy(),
+            "note": cells["note"].to_numpy(),
         }
     )
 
 
-def _page(base: Run, new: Run, cells: pd.DataFrame, has_regression: bool) -> str:
-    head = "Significant regression found" if has_regression else "No significant regression"
+def compare_document(base: Run, new: Run, cells: pd.DataFrame, has_regression: bool) -> Document:
+    """The comparison as one document: the page (``index.html``) and the summary (``summary.md``).
+
+    The summary carries the verdict, the runs and what differs between their manifests, the change plot
+    (``deltas.png``) and the flagged cells; the page adds every cell and the glossary."""
+    head = "REGRESSION: a significant regression" if has_regression else "No significant regression"
+    verdicts, statuses = cells["verdict"].value_counts(), cells["status"].value_counts()
+    counts = (
+        f"{head}: {verdicts.get('regression', 0)} regressions, "
+        f"{verdicts.get('improvement', 0)} improvements, "
+        f"{statuses.get('failing', 0)} newly failing, {statuses.get('new', 0)} new and "
+        f"{statuses.get('missing', 0)} missing over {len(cells)} cells (Holm-adjusted p < 0.05)."
+    )
     diff = [
         (k, f"{base.manifest.get(k, 'n/a')} -> {new.manifest.get(k, 'n/a')}")
         for k in MANIFEST_DIFF
         if base.manifest.get(k) != new.manifest.get(k)
     ]
-    overview = (
-        f'<div class="callout">{badge("regression" if has_regression else "no change")} {esc(head)}: '
-        f"{int((cells['verdict'] == 'regression').sum())} regressions, "
-        f"{int((cells['verdict'] == 'improvement').sum())} improvements, "
-        f"{int((cells['status'] == 'failing').sum())} newly failing over {len(cells)} cells.</div>"
-    )
-    overview += key_values(
-        [("base run", base.path), ("new run", new.path)] + (diff or [("manifest", "same")])
-    )
+    overview: list[Block] = [
+        Text(counts, "callout", "regression" if has_regression else "no change"),
+        KeyValues((("base run", base.path), ("new run", new.path), *(diff or [("manifest", "same")]))),
+    ]
     shown = cells[cells["status"].isin(["compared", "version changed"]) & cells["delta"].notna()]
     if len(shown) > MAX_PLOTTED:
         shown = shown.sort_values("p_value").head(MAX_PLOTTED).sort_values(["subnet", "task", "metric"])
     caption = "Change of each metric in the new run vs the base run, with the 95% paired interval"
     caption += f" ({MAX_PLOTTED} cells with the smallest p-values)." if len(shown) == MAX_PLOTTED else "."
-    fig = (
-        figure(plots.delta_plot(shown), "Per-cell change with intervals", caption)
-        if len(shown)
-        else paragraph("No cell was compared.")
-    )
+    if len(shown):
+        overview.append(
+            Figure(plots.delta_plot(shown), "Per-cell change with intervals", caption, DELTA_PLOT)
+        )
+    else:
+        overview.append(Text("No cell was compared."))
     view = _view(cells)
     flagged = view[
         (cells["verdict"].isin(["regression", "improvement"]) | (cells["status"] != "compared")).to_numpy()
     ]
-    return page(
+    badges = ("status", "verdict")
+    return Document(
         f"ERNIE 5 compare: {new.name} vs {base.name}",
         head,
-        [
-            ("overview", "Overview", overview + fig),
-            (
+        (
+            Section("overview", "Overview", tuple(overview)),
+            Section(
                 "flagged",
                 "Significant changes and new, missing or failing cells",
-                table(flagged, raw=flagged.columns) if len(flagged) else paragraph("None."),
+                (Table(flagged, badges=badges),),
             ),
-            ("cells", "Every cell", table(view, raw=view.columns)),
-            ("about", "About these numbers", definitions(COMPARE_ABOUT)),
-        ],
+            Section("cells", "Every cell", (Table(view, badges=badges),), markdown=False),
+            Section("about", "About these numbers", (Definitions(tuple(COMPARE_ABOUT)),), markdown=False),
+        ),
     )
 
 
@@ -240,8 +252,10 @@ def compare_runs(
     cells = compare_cells(base, new)
     has_regression = bool((cells["verdict"] == "regression").any())
     write_tables({"deltas": cells}, out)
-    write_atomic(out / "index.html", _page(base, new, cells, has_regression))
-    summary = compare_summary(base.name, new.name, cells, has_regression, str(out / "index.html"))
+    doc = compare_document(base, new, cells, has_regression)
+    write_figures(doc, out)
+    write_atomic(out / "index.html", to_html(doc))
+    summary = to_markdown(doc)
     write_atomic(out / "summary.md", summary)
     if not cells["status"].isin(GATING).any():
         shared = int(cells["status"].isin(["compared", "version changed"]).sum())

@@ -1,51 +1,14 @@
-"""Markdown summaries (for CI logs and pull requests) of a run report and of a comparison.
-
-Text from runs is escaped for GitHub-flavoured Markdown and stays readable in a CI log: ``<``, ``>``
-and ``|`` get a backslash and newlines become spaces (:func:`cell`); inside code spans backticks become
-quotes (:func:`code`). A task name or model output can neither break a table nor inject HTML.
-"""
+"""The Markdown summary (for CI logs and pull requests) of a run report; text is escaped by
+:mod:`reports.render.markdown`."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
-
-import pandas as pd
 
 from reports import formatting as f
 from reports.analysis import Analysis
 from reports.load import Run
 from reports.pareto import FAILED
+from reports.render.markdown import cell, code, md_table
 from reports.skips import group_skips
-
-
-def cell(x: Any) -> str:
-    """``x`` as Markdown text safe in a table cell (no raw HTML, no column break, one line)."""
-    text = f.text(x).replace("\\", "\\\\")
-    for ch in "<>|":
-        text = text.replace(ch, "\\" + ch)
-    return " ".join(text.split())
-
-
-def code(x: Any) -> str:
-    """``x`` as an inline code span."""
-    return "`" + " ".join(f.text(x).replace("`", "'").split()) + "`"
-
-
-def md_table(df: pd.DataFrame, formats: dict[str, Callable[[Any], str]] | None = None) -> str:
-    """A GitHub-flavoured Markdown table; numbers default to 3 decimals."""
-    formats = formats or {}
-    if df.empty:
-        return "_(none)_\n"
-    numeric = {c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool}
-    lines = [
-        "| " + " | ".join(cell(c) for c in df.columns) + " |",
-        "|" + "|".join("---:" if c in numeric else "---" for c in df.columns) + "|",
-    ]
-    for row in df.itertuples(index=False):
-        vals = [formats.get(c, f.num if c in numeric else f.text)(v) for c, v in zip(df.columns, row)]
-        lines.append("| " + " | ".join(cell(v) for v in vals) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def retention_summary(a: Analysis) -> str:
@@ -135,37 +98,4 @@ def report_summary(run: Run, a: Analysis, html_path: str) -> str:
     bad = run.units[~run.units["status"].isin(["ok", "skipped"])][["subnet", "task", "reason"]]
     if len(bad):
         out += ["## Failed units", "", md_table(bad)]
-    return "\n".join(out)
-
-
-def compare_summary(base: str, new: str, cells: pd.DataFrame, has_regression: bool, html_path: str) -> str:
-    """The Markdown summary of a comparison."""
-    n_reg = int((cells["verdict"] == "regression").sum())
-    n_imp = int((cells["verdict"] == "improvement").sum())
-    failing = cells[cells["status"] == "failing"]
-    head = "REGRESSION" if has_regression else "no significant regression"
-    out = [
-        f"# Compare: {cell(new)} vs base {cell(base)}: {head}",
-        "",
-        f"{n_reg} significant regressions, {n_imp} significant improvements, {len(failing)} newly failing "
-        f"cells, {int((cells['status'] == 'new').sum())} new and {int((cells['status'] == 'missing').sum())} "
-        f"missing cells (Holm-adjusted p < 0.05). Full page: {code(html_path)}.",
-        "",
-    ]
-    cols = ["subnet", "task", "metric", "base_value", "new_value", "delta", "p_adjusted", "method", "verdict"]
-    flagged = cells[cells["verdict"].isin(["regression", "improvement"])][cols]
-    fmt = {
-        "base_value": lambda x: f.num(x, 4),
-        "new_value": lambda x: f.num(x, 4),
-        "delta": lambda x: f.signed(x, 4),
-        "p_adjusted": f.pvalue,
-    }
-    out += ["## Significant changes", "", md_table(flagged, fmt)]
-    other = cells[cells["status"].isin(["new", "missing", "failing", "version changed"])]
-    if len(other):
-        out += [
-            "## New, missing, failing or changed",
-            "",
-            md_table(other[["subnet", "task", "metric", "status", "note"]]),
-        ]
     return "\n".join(out)

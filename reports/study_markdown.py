@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from reports import formatting as f
-from reports.markdown import cell, code, md_table
+from reports.render.markdown import cell, code, md_table
 from reports.study_modality import group_key
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import pytest
 
 from reports import compare_runs
 from reports.html import esc
-from reports.markdown import cell
+from reports.render.markdown import cell
 
 from .conftest import HOSTILE_PREDICTION, HOSTILE_TASK
 
