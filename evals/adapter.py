@@ -13,6 +13,9 @@ boundary); contexts longer than the model's window are cut from the left. Rollin
 scores a document in windows of ``max_seq_len`` tokens with a stride of half a window, so every
 token after the first window is predicted with at least half a window of left context.
 
+Over 500 lines for one reason: one class, whose seven request kinds share its batching, padding,
+media encoding and tallies over one bound sub-model.
+
 Batches: requests are sorted by length and scored ``batch_size`` at a time (right padding for
 scoring, left padding for generation), then returned in the original order.
 """

@@ -19,6 +19,10 @@ before its first write to its last, and first removes the temp files a killed ru
 the efficiency rows and the routing records are built from this sweep's units only (the manifest
 lists them); unit files of an earlier sweep with another suite stay on disk, outside every table.
 
+Over 500 lines for one reason: planning, evaluating and recording the units of one run folder is one
+flow under one lock, whose steps share the unit plan and the summary (the task pipeline, the cache and
+the results tables live in their own modules).
+
 Random baseline: with ``subnets.random_baseline: true`` every task is also evaluated on the
 pseudo-subnet ``random`` (``evals.results.RANDOM_BASELINE``), planned after the sub-models: a twin
 of the checkpoint's model freshly initialised from the suite seed (:func:`random_twin`), with the

@@ -1,4 +1,8 @@
-"""The HTML sections of a run report (overview, seesaw, efficiency, routing, drill-down, about)."""
+"""The HTML sections of a run report (overview, seesaw, efficiency, routing, drill-down, about).
+
+Over 500 lines for one reason: the six sections of one page, each a short function over the same
+:class:`~reports.analysis.Analysis`; not yet on :mod:`reports.render` (compare is), which is where they go.
+"""
 
 from __future__ import annotations
 

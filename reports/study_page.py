@@ -1,6 +1,9 @@
 """An elastic study's ``report.html``: the tables of :class:`reports.study_folder.StudyReport` with
 their figures, on the run report's page machinery (:mod:`reports.html`, :mod:`reports.plots`).
 
+Over 500 lines for one reason: one page's sections and the figures only it draws; not yet on
+:mod:`reports.render` (compare is), which is where they go.
+
 Self-contained like ``ernie5 report``'s ``index.html``: figures embedded as ``data:`` PNGs, CSS inline,
 the page's Content-Security-Policy allows nothing else; every piece of text goes through
 :func:`reports.html.esc`.

@@ -149,3 +149,18 @@ def test_a_cycle_and_an_upward_import_would_be_caught(tmp_path: Path) -> None:
     graph = {n: _imports(n, p, modules) for n, p in modules.items() if n != "evals.sweep"}
     assert _cycles(graph) == [["ernie5.a", "ernie5.b"]]
     assert "evals" not in ALLOWED["ernie5"]
+
+
+CODE_MAX_LINES = 500
+
+
+def test_a_long_module_says_why_in_one_line() -> None:
+    """Every code module over 500 lines gives its reason in its docstring ("Over 500 lines ...")."""
+    unexplained = []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") + 1 > CODE_MAX_LINES:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "Over 500 lines" not in doc:
+                unexplained.append(name)
+    assert not unexplained, f"over {CODE_MAX_LINES} lines with no reason in the docstring: {unexplained}"
