@@ -1,21 +1,27 @@
 """``ernie5 recipe reference``: reproduce the shipped reference model from nothing.
 
-One command, unattended, seeded, in five stages under ``--out DIR``:
+One command, unattended, seeded, in six stages under ``--out DIR``:
 
     DIR/vision/     the vision tokenizer (2D, then 3D; ``ernie5 train-vision-tokenizer``)
     DIR/codec/      the RVQ audio codec (``ernie5 train-audio-codec``)
     DIR/backbone/   the elastic backbone (``ernie5 train --config reference``), frozen tokenizer and
                     codec from the stages above
+    DIR/anneal/     the backbone's anneal, twice (``a/``, ``b/``): its last checkpoint trained on at
+                    a lower learning rate decaying to almost zero, on new batches, with the clean FSDD
+                    and shapes sources weighted up by two amounts (:data:`ANNEAL_OVERRIDES`,
+                    :data:`ANNEAL_MIXES`)
     DIR/refiner/    the cascaded refiner on the 2D tokenizer's round trips (``ernie5 train-refiner``)
-    DIR/reference/  the export: the backbone's last checkpoint with the tokenizer, codec and refiner,
-                    parameters in bf16, no optimizer state (the folder the package ships)
+    DIR/reference/  the export: the uniform soup (weight mean, :mod:`train.common.soup`) of the two
+                    anneals' last checkpoints with the tokenizer, codec and refiner, parameters in
+                    bf16, no optimizer state (the folder the package ships)
     DIR/recipe.json what was run: every stage's config and wall time, and the sha256 of every input
                     file read from the data root
 
 Resuming: the command is re-run with the same ``--out``. A finished stage is kept (each side model
 is trained into a temporary folder renamed into place when complete, so a killed stage is redone
-from its start, a few minutes at most); the backbone continues from its newest checkpoint (every
-``train.ckpt_every`` steps) with exact resume, so ``kill -9`` costs at most one checkpoint interval.
+from its start, a few minutes at most); the backbone and its anneal continue from their newest
+checkpoint (every ``train.ckpt_every`` steps) with exact resume, so ``kill -9`` costs at most one
+checkpoint interval.
 
 Installing: ``--install`` copies the export into the package (``ernie5/reference/``), where
 ``--checkpoint reference`` finds it; the maintainer commits it with ``MODEL_CARD.md``.
@@ -28,7 +34,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,7 @@ from ernie5.config import ConfigError, dump, load
 from ernie5.data.root import resolve_data_dir
 from ernie5.files import file_sha256
 from ernie5.presets import resolve_config_path
+from ernie5.store.checkpoint import checkpoint_dir
 from ernie5.store.runs import provenance, write_json
 
 VISION_OVERRIDES: list[str] = []
@@ -47,8 +54,29 @@ CODEC_OVERRIDES = ["steps=3000"]
 REFINER_OVERRIDES = ["steps=400"]
 """The refiner's recipe: 400 steps on shapes and MNIST degraded by the 2D tokenizer and blur (it only
 upsamples generated images; the backbone does not depend on it, so it trains after the backbone)."""
+ANNEAL_OVERRIDES = [
+    "train.steps=1500",
+    "train.seed=1",
+    "train.ckpt_every=500",
+    "optim.lr=0.0003",
+    "schedule.warmup_steps=30",
+    "schedule.decay_frac=1.0",
+    "schedule.min_lr_ratio=0.03",
+]
+"""The anneal's recipe, over the backbone's preset: 1500 more steps (a fresh optimizer, new batches
+from seed 1), the learning rate warming to 3e-4 and decaying linearly to 1e-5."""
+ANNEAL_MIXES = {
+    "a": ["data.sources.fsdd=0.16", "data.sources.shapes=0.08"],
+    "b": ["data.sources.fsdd=0.20", "data.sources.shapes=0.12"],
+}
+"""The two anneals' data mixes: the clean seen-speaker FSDD and fixed-size shapes sources (they carry
+ASR on seen voices and the shapes ``t2i_shapes`` asks for) weighted up from the preset's 0.10 / 0.05.
+Measured on the reference suite (MODEL_CARD.md): the backbone alone has ``video_shapes`` 0.805,
+``video_digits`` 0.595, unseen-speaker ``spoken_digit_qa`` 0.465; anneal ``a`` 0.875 / 0.690 / 0.495;
+``b`` 0.830 / 0.730 / 0.560; their soup 0.860 / 0.710 / 0.515, with the lowest seen-speaker WER of the
+four (0.057, against 0.082 / 0.066 / 0.064) and every text task at or near the better branch's level."""
 PRESET = "reference"
-STAGES = ("vision", "codec", "backbone", "refiner")
+STAGES = ("vision", "codec", "backbone", "anneal", "refiner")
 """The trained stages, in order (the export follows)."""
 
 DATA_FOLDERS = ("mnist", "fsdd", "tinyshakespeare", "babi_qa1", "gsm8k", "svamp", "arc", "openbookqa")
@@ -106,14 +134,29 @@ def _stage(
     return True
 
 
-def export_reference(run_dir: Path, out: Path, refiner_dir: Path | None, recipe: dict[str, Any]) -> Path:
-    """The shipped folder: the run's newest checkpoint, parameters cast to bf16 (buffers such as
-    the router bias stay fp32), the refiner attached, no optimizer state; ``meta.json`` records the
-    recipe and ``load_dtype: float32`` (loading upcasts, so evaluation computes as for any checkpoint)."""
+def export_reference(
+    run_dirs: Sequence[Path], out: Path, refiner_dir: Path | None, recipe: dict[str, Any]
+) -> Path:
+    """The shipped folder: the uniform soup of the runs' newest checkpoints (one run: that checkpoint),
+    parameters cast to bf16 (buffers such as the router bias stay fp32), the refiner attached, no
+    optimizer state; ``meta.json`` records the recipe, the soup's ingredients and ``load_dtype:
+    float32`` (loading upcasts, so evaluation computes as for any checkpoint). The side models are the
+    first run's (every run is given the same ones)."""
     from ernie5.store.checkpoint import load_checkpoint, save_checkpoint
     from ernie5.tokenizers.refiner import Refiner
+    from train.common.soup import uniform_soup
 
-    ckpt = load_checkpoint(run_dir, fast=False)
+    if not run_dirs:
+        raise ConfigError("export_reference: expected at least one run folder, got none")
+    ckpt = load_checkpoint(run_dirs[0], fast=False)
+    ingredients = [ckpt.path]
+    if len(run_dirs) > 1:
+        states = [ckpt.model.state_dict()]
+        for run_dir in run_dirs[1:]:
+            other = load_checkpoint(run_dir, fast=False)
+            states.append(other.model.state_dict())
+            ingredients.append(other.path)
+        ckpt.model.load_state_dict(uniform_soup(states))
     with torch.no_grad():  # the side models stay fp32: small, and their quantisers are rounding-sensitive
         for p in ckpt.model.parameters():
             if p.is_floating_point():
@@ -121,7 +164,7 @@ def export_reference(run_dir: Path, out: Path, refiner_dir: Path | None, recipe:
     refiner = Refiner.load(refiner_dir) if refiner_dir is not None else ckpt.refiner
     meta = {
         "reference": {
-            "source_checkpoint": str(ckpt.path),
+            "source_checkpoints": [str(p) for p in ingredients],
             "step": ckpt.meta.get("step"),
             "recipe": recipe,
         },
@@ -154,7 +197,6 @@ def run_recipe(
     resumed recipe must be given the same ones (the stages' configs are compared).
     """
     from train.pretrain.config import RunConfig
-    from train.pretrain.loop import pretrain
     from train.side.audio_codec import AudioCodecTrainConfig, train_audio_codec
     from train.side.refiner import RefinerTrainConfig, train_refiner
     from train.side.vision_tokenizer import VisionTokenizerTrainConfig, train_vision_tokenizer
@@ -227,16 +269,23 @@ def run_recipe(
         ],
     )
     backbone = out / "backbone"
-
-    def train_backbone() -> bool:
-        from train.common.run_folder import checkpoint_dirs
-
-        if any(c.name == f"step_{bcfg.train.steps:08d}" for c in checkpoint_dirs(backbone)):
-            return False
-        pretrain(bcfg, backbone, resume=(backbone / "config.yaml").is_file(), data_dir=data_dir, quiet=quiet)
-        return True
-
-    timed("backbone", dump(bcfg), train_backbone)
+    timed("backbone", dump(bcfg), lambda: _train_run(bcfg, backbone, data_dir, quiet))
+    anneals = []
+    for mix, mix_overrides in ANNEAL_MIXES.items():
+        acfg = load(
+            RunConfig,
+            resolve_config_path(PRESET),
+            [
+                f"data.vision_tokenizer={out / 'vision' / 'tokenizer_3d'}",
+                f"data.audio_codec={out / 'codec' / 'codec'}",
+                f"train.init_from={checkpoint_dir(backbone, bcfg.train.steps)}",
+                *ANNEAL_OVERRIDES,
+                *mix_overrides,
+                *extra["anneal"],
+            ],
+        )
+        anneals.append(out / "anneal" / mix)
+        timed(f"anneal_{mix}", dump(acfg), lambda c=acfg, d=anneals[-1]: _train_run(c, d, data_dir, quiet))
     rcfg = load(RefinerTrainConfig, None, REFINER_OVERRIDES + extra["refiner"])
     timed(
         "refiner",
@@ -257,13 +306,24 @@ def run_recipe(
         "inputs_digest": record["inputs_digest"],
     }
     t0 = time.perf_counter()
-    export_reference(backbone, out / "reference", out / "refiner" / "refiner", recipe)
+    export_reference(anneals, out / "reference", out / "refiner" / "refiner", recipe)
     stages["export"] = {"seconds": round(time.perf_counter() - t0, 1)}
     record["inputs"] = inputs
     write_json(record_path, record)
     if install:
         install_reference(out / "reference")
     return record
+
+
+def _train_run(cfg: Any, run_dir: Path, data_dir: Path | None, quiet: bool) -> bool:
+    """Train (or resume) one backbone run to ``cfg.train.steps``; False when it had already finished."""
+    from train.common.run_folder import checkpoint_dirs
+    from train.pretrain.loop import pretrain
+
+    if any(c.name == f"step_{cfg.train.steps:08d}" for c in checkpoint_dirs(run_dir)):
+        return False
+    pretrain(cfg, run_dir, resume=(run_dir / "config.yaml").is_file(), data_dir=data_dir, quiet=quiet)
+    return True
 
 
 def _digest(inputs: dict[str, Any]) -> str:

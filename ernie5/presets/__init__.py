@@ -1,8 +1,9 @@
 """Shipped run presets (YAML): ``micro`` (tests), ``mini`` (small text-only), ``nano`` (the
 shape of the Hugging Face MoE peer), ``mini_all`` (mini + images, clips and audio), ``nano_mm``
 (nano + images and clips), ``nano_all`` (nano + images, clips and audio), ``reference`` (the
-shipped all-modality model: 64 experts, top-4; ``ernie5 recipe reference``), ``reference_v2`` (its
-candidate successor: vision options and varied understanding documents), ``paper`` (meta device
+shipped all-modality model: 64 experts, top-4; ``ernie5 recipe reference``), ``reference_v1`` (the
+first shipped reference, for the ablation: no vision options, unvaried understanding documents),
+``paper`` (meta device
 only), ``sft`` (the fine-tuning defaults of ``ernie5 sft``: no model section, the model is the
 checkpoint's)."""
 

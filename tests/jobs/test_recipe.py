@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 
 from ernie5.config import ConfigError
@@ -31,6 +32,8 @@ TINY = [
     "refiner.eval_images=2",
     "refiner.eval_steps=[1]",
     "backbone.train.steps=2",
+    "anneal.train.steps=2",
+    "anneal.data.batch_size=1",
     "backbone.train.ckpt_every=1",
     "backbone.data.batch_size=1",
     "backbone.data.tokenizer_chars=20000",
@@ -50,7 +53,15 @@ def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir)
     from ernie5.store.checkpoint import load_checkpoint
 
     record = json.loads((recipe_dir / "recipe.json").read_text())
-    assert set(record["stages"]) == {"vision", "codec", "refiner", "backbone", "export"}
+    assert set(record["stages"]) == {
+        "vision",
+        "codec",
+        "refiner",
+        "backbone",
+        "anneal_a",
+        "anneal_b",
+        "export",
+    }
     assert all(record["stages"][s]["seconds"] > 0 for s in record["stages"])
     assert record["overrides"]["backbone"][0] == "train.steps=2"
     ckpt = load_checkpoint(recipe_dir / "reference")
@@ -63,6 +74,20 @@ def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir)
     assert {dtypes[k] for k in dtypes if k in params} == {"BF16"}
     assert ckpt.meta["reference"]["recipe"]["preset"] == "reference"
     assert ckpt.meta["reference"]["step"] == 2
+    # the export is the soup of the two anneals, and each started from the backbone's last checkpoint
+    mixes = {}
+    for mix in ("a", "b"):
+        anneal = yaml.safe_load((recipe_dir / "anneal" / mix / "config.yaml").read_text())
+        assert anneal["train"]["init_from"] == str(recipe_dir / "backbone" / "checkpoints" / "step_00000002")
+        assert anneal["schedule"]["decay_frac"] == 1.0 and anneal["train"]["seed"] == 1
+        mixes[mix] = anneal["data"]["sources"]
+    assert mixes["a"] != mixes["b"]
+    sources = ckpt.meta["reference"]["source_checkpoints"]
+    assert [Path(p).parent.parent.name for p in sources] == ["a", "b"]
+    branches = [load_checkpoint(p, fast=False).model.state_dict() for p in sources]
+    for name, p in ckpt.model.named_parameters():
+        mean = ((branches[0][name].float() + branches[1][name].float()) / 2).to(torch.bfloat16).float()
+        assert torch.equal(p.detach(), mean), name
 
 
 def test_a_rerun_keeps_finished_stages_and_a_killed_stage_is_redone(recipe_dir, monkeypatch):
