@@ -3,7 +3,8 @@
 Every arm is an ``ernie5 rl`` run in ``OUT/<arm>`` from the same checkpoint, with the same queries,
 seed and budget; only the arm's own settings differ. A killed study continues where it stopped (a
 finished arm is kept, an interrupted one resumes from its newest checkpoint). The section
-(``OUT/report.md``, ``OUT/curves.png``, ``OUT/summary.json``) is :func:`reports.rl.write_section`.
+(``OUT/report.md``, ``OUT/report.html``, ``OUT/curves.png``, ``OUT/summary.json``) is
+:func:`reports.rl.write_report`.
 
 Studies:
   * ``objective``: MISC + WPSM (the report's recipe), with and without routing replay, against MISC
@@ -21,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ernie5.store.runs import read_jsonl
-from reports.rl import write_section
+from reports.rl import write_report
 from train.common.run_folder import RunError, checkpoint_dirs
 from train.rl.trainer import rl, rl_config
 
@@ -95,4 +96,4 @@ def run_study(
             resume = (run_dir / "config.yaml").exists()
             rl(cfg, run_dir, verifiers_for(cfg), resume=resume, quiet=quiet)
         arms[arm] = run_dir
-    return write_section(spec["title"], arms, out, spec.get("intro", ""))
+    return write_report(spec["title"], arms, out, spec.get("intro", ""))

@@ -312,3 +312,20 @@ def delta_plot(cells: pd.DataFrame) -> str:
     ax.set_title("Per-cell change with 95% paired interval (red: significant regression; green: improvement)")
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
+
+
+def rl_curves(arms: dict[str, pd.DataFrame]) -> str:
+    """Reward and token entropy per RL step of every arm (columns ``step``, ``reward``, ``entropy``,
+    already smoothed by the caller), side by side."""
+    fig = Figure(figsize=(WIDTH, 3.6))
+    reward_ax, entropy_ax = fig.subplots(1, 2)
+    for name, frame in arms.items():
+        reward_ax.plot(frame["step"], frame["reward"], lw=1.6, label=name)
+        entropy_ax.plot(frame["step"], frame["entropy"], lw=1.6, label=name)
+    reward_ax.set(title="Reward (5-step moving mean)", xlabel="RL step", ylabel="Mean reward")
+    entropy_ax.set(title="Token entropy (5-step moving mean)", xlabel="RL step", ylabel="Entropy (nats)")
+    for ax in (reward_ax, entropy_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    reward_ax.legend(fontsize=8)
+    return _png(fig)

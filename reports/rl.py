@@ -1,4 +1,6 @@
-"""RL run folders -> one report section: curves and a table per arm (``ernie5 rl-study`` writes it).
+"""RL run folders -> one report: a table and curves per arm (``ernie5 rl-study`` writes it), built as a
+:class:`~reports.render.document.Document` and rendered to ``report.md`` and ``report.html`` by
+:mod:`reports.render`.
 
 Reads only what ``ernie5 rl`` wrote (``metrics.jsonl``, ``config.yaml``). Each arm is one RL run; the
 section shows reward and entropy over the steps (a 5-step moving mean), and a table with, per arm: the
@@ -18,12 +20,14 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-from ernie5.store.runs import read_jsonl
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from ernie5.store.runs import read_jsonl, write_atomic
+from reports import plots
+from reports.render.document import Document, Figure, Section, Table
+from reports.render.files import write_figures
+from reports.render.html import to_html
+from reports.render.markdown import to_markdown
 
 COLUMNS = (
     ("reward_first", "reward (first 10)"),
@@ -40,8 +44,8 @@ COLUMNS = (
     ("mismatch_masked_frac", "IcePop masked"),
     ("wpsm_masked_frac", "WPSM masked"),
     ("clip_frac", "clipped"),
-    ("pass_hard", "hard queries: pass init -> final"),
-    ("pass_easy", "easy queries: pass init -> final"),
+    ("pass_hard", "hard queries: pass init → final"),
+    ("pass_easy", "easy queries: pass init → final"),
 )
 
 
@@ -114,7 +118,7 @@ def _fmt(key: str, v) -> str:
         return "–"
     if key.startswith("pass_"):
         a, b, n = v
-        return f"{a:.3f} -> {b:.3f} (n={n})"
+        return f"{a:.3f} → {b:.3f} (n={n})"
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
@@ -122,45 +126,50 @@ def _smooth(values: list[float], k: int = 5) -> list[float]:
     return [_mean(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
 
 
-def plot_curves(arms: dict[str, Path], out: Path) -> Path:
-    """Reward and entropy per step of every arm (5-step moving mean), one PNG."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+def curves_figure(arms: dict[str, Path]) -> Figure:
+    """Reward and entropy per step of every arm (5-step moving mean), as ``curves.png``."""
+    series = {}
     for name, run in arms.items():
         steps, _ = read_metrics(run)
-        x = [r["step"] for r in steps]
-        axes[0].plot(x, _smooth([r["reward"] for r in steps]), label=name)
-        axes[1].plot(x, _smooth([r["entropy"] for r in steps]), label=name)
-    axes[0].set(title="reward (5-step mean)", xlabel="RL step")
-    axes[1].set(title="token entropy (5-step mean)", xlabel="RL step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+        series[name] = pd.DataFrame(
+            {
+                "step": [r["step"] for r in steps],
+                "reward": _smooth([r["reward"] for r in steps]),
+                "entropy": _smooth([r["entropy"] for r in steps]),
+            }
+        )
+    return Figure(plots.rl_curves(series), alt="reward and entropy", file="curves.png")
 
 
-def write_section(title: str, arms: dict[str, Path], out_dir: Path, intro: str = "") -> Path:
-    """``out_dir/report.md`` (and ``curves.png``): the study's table and curves."""
+def rl_document(title: str, rows: dict[str, dict], curves: Figure, intro: str = "") -> Document:
+    """The study as a document: one row per arm (see the module docstring), then the curves."""
+    frame = pd.DataFrame(
+        [
+            {"arm": name, "steps": row["steps"], **{k: _fmt(k, row.get(k)) for k, _ in COLUMNS}}
+            for name, row in rows.items()
+        ]
+    )
+    headers = dict(COLUMNS)
+    return Document(
+        title=title,
+        subtitle=intro,
+        sections=(
+            Section("arms", "Arms", (Table(frame, headers=headers),)),
+            Section("curves", "Curves", (curves,)),
+        ),
+    )
+
+
+def write_report(title: str, arms: dict[str, Path], out_dir: Path, intro: str = "") -> Path:
+    """``out_dir/report.md``, ``report.html``, ``curves.png`` and ``summary.json`` of the study; the
+    Markdown's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = {name: summarize(run) for name, run in arms.items()}
-    png = plot_curves(arms, out_dir / "curves.png")
-    lines = [f"## {title}", ""]
-    if intro:
-        lines += [intro, ""]
-    lines += [
-        "| arm | steps | " + " | ".join(label for _, label in COLUMNS) + " |",
-        "|---|---:|" + "---:|" * len(COLUMNS),
-    ]
-    for name, row in rows.items():
-        cells = " | ".join(_fmt(k, row.get(k)) for k, _ in COLUMNS)
-        lines.append(f"| {name} | {row['steps']} | {cells} |")
-    lines += ["", f"![reward and entropy]({png.name})", ""]
+    doc = rl_document(title, rows, curves_figure(arms), intro)
+    write_figures(doc, out_dir)
+    write_atomic(out_dir / "report.html", to_html(doc))
+    write_atomic(out_dir / "summary.json", json.dumps(rows, indent=2, default=str))
     path = out_dir / "report.md"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines), encoding="utf-8")
-    tmp.replace(path)
-    (out_dir / "summary.json").write_text(json.dumps(rows, indent=2, default=str), encoding="utf-8")
+    write_atomic(path, to_markdown(doc))
     return path

@@ -51,7 +51,7 @@ def test_the_ahrl_study_runs_its_arms_and_writes_its_section(micro_ckpt, tmp_pat
     report = run_study("ahrl", str(micro_ckpt), tmp_path, verifiers, overrides=overrides, quiet=True)
     assert calls == [True, False]
     text = report.read_text()
-    assert "| ahrl | 2 |" in text and "| no-hints | 2 |" in text and "->" in text
+    assert "| ahrl | 2 |" in text and "| no-hints | 2 |" in text and "→" in text
     events = [json.loads(x) for x in (tmp_path / "ahrl" / "metrics.jsonl").read_text().splitlines()]
     assert {e.get("event") for e in events} >= {"pass_init", "pass_final"}
     # a rerun keeps the finished arms (no verifier is built again)

@@ -1,4 +1,5 @@
-"""The RL study section: a table row and curves per arm, from the runs' metrics.jsonl only."""
+"""The RL study report: a table row and curves per arm, from the runs' metrics.jsonl only, rendered to
+Markdown and a self-contained page from one document."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from reports.rl import summarize, write_section
+from reports.rl import summarize, write_report
 
 
 def _run(path, rewards, entropies, *, length=2.0, passes=None):
@@ -56,17 +57,23 @@ def test_summary_reads_first_and_last_windows_and_pass_rates(tmp_path):
     assert row["task_mix"] == "a 0.75 / b 0.25"
 
 
-def test_section_has_a_row_per_arm_and_the_curves(tmp_path):
+def test_the_report_has_a_row_per_arm_and_the_curves_in_markdown_and_html(tmp_path):
     arms = {
         "urb": _run(tmp_path / "urb", [0.2] * 12, [1.0] * 12, length=5.0),
-        "april": _run(tmp_path / "april", [0.3] * 12, [0.9] * 12, length=3.0),
+        "april<b>": _run(tmp_path / "april", [0.3] * 12, [0.9] * 12, length=3.0),
     }
-    path = write_section("Scheduling", arms, tmp_path / "out", "intro text")
+    path = write_report("Scheduling", arms, tmp_path / "out", "intro text")
     text = path.read_text()
-    assert text.startswith("## Scheduling") and "intro text" in text
-    assert "| urb | 12 |" in text and "| april | 12 |" in text and "5.000" in text and "3.000" in text
+    assert text.startswith("# Scheduling") and "intro text" in text
+    assert "| urb | 12 |" in text and "| april\\<b\\> | 12 |" in text and "5.000" in text and "3.000" in text
+    assert "| arm | steps | reward (first 10) |" in text and "![reward and entropy](curves.png)" in text
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
-    assert set(json.loads((tmp_path / "out" / "summary.json").read_text())) == {"urb", "april"}
+    assert set(json.loads((tmp_path / "out" / "summary.json").read_text())) == {"urb", "april<b>"}
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert ">Scheduling</h1>" in html
+    assert "april&lt;b&gt;" in html and "april<b>" not in html
+    assert "data:image/png;base64," in html and "reward (last 10)" in html
+    assert not list((tmp_path / "out").glob(".*tmp*"))
 
 
 def test_a_folder_without_metrics_is_a_clear_error(tmp_path):
