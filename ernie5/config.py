@@ -116,7 +116,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported annotation {tp!r}")  # a bug in a config class
 
 
-def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+def _field_default(f: dataclasses.Field) -> Any:
+    """A field's default value (its factory called), or None when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _build(cls: type[T], data: dict[str, Any], prefix: str = "", base: Any = None) -> T:
+    """``cls`` from ``data``; the keys ``data`` leaves out keep ``base``'s values (None: ``cls``'s
+    defaults). A nested config given as a partial mapping starts from that field's own default, so
+    ``optim.lr=...`` keeps the other values a ``field(default_factory=...)`` chose, not the nested
+    class's defaults."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     retired = getattr(cls, "RETIRED", {})
@@ -133,7 +146,17 @@ def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
         if name not in fields:
             valid = ", ".join(sorted(fields))
             raise ConfigError(f"unknown key {dotted!r} (valid keys: {valid})")
-        kwargs[name] = _coerce(value, hints[name], dotted)
+        hint = hints[name]
+        if isinstance(value, dict) and dataclasses.is_dataclass(hint):
+            default = getattr(base, name) if base is not None else _field_default(fields[name])
+            if isinstance(default, hint):
+                kwargs[name] = _build(hint, value, dotted, base=default)
+                continue
+        kwargs[name] = _coerce(value, hint, dotted)
+    if base is not None:
+        for name in fields:
+            if name not in kwargs and name not in retired:
+                kwargs[name] = getattr(base, name)
     try:
         return cls(**kwargs)
     except ConfigError:

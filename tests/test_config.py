@@ -160,3 +160,33 @@ def test_missing_and_malformed_files(tmp_path):
         load(RunConfig, bad)
     with pytest.raises(ConfigError, match="unknown preset"):
         resolve_config_path("tiny-but-missing")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Inner:
+    a: int = 1
+    b: int = 2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Outer:
+    inner: _Inner = dataclasses.field(default_factory=lambda: _Inner(a=10, b=20))
+    plain: _Inner = dataclasses.field(default_factory=_Inner)
+
+
+def test_a_partial_nested_mapping_keeps_the_fields_own_defaults():
+    # the keys left out come from the field's default (its factory), not from the nested class's
+    assert from_dict(_Outer, {"inner": {"a": 5}}).inner == _Inner(a=5, b=20)
+    assert from_dict(_Outer, {"plain": {"b": 7}}).plain == _Inner(a=1, b=7)
+    assert from_dict(_Outer, {}) == _Outer()
+    with pytest.raises(ConfigError, match="unknown key 'inner.c'"):
+        from_dict(_Outer, {"inner": {"c": 1}})
+
+
+def test_an_rl_learning_rate_override_keeps_the_rl_optimizer_defaults():
+    from train.rl.config import RLRunConfig
+
+    default = RLRunConfig()
+    cfg = load(RLRunConfig, None, ["optim.grad_clip=0.5", "elastic.min_depth=0.5"])
+    assert cfg.optim == dataclasses.replace(default.optim, grad_clip=0.5)  # lr 5e-5, no weight decay
+    assert cfg.elastic.enabled is False and cfg.elastic.min_depth == 0.5
