@@ -94,20 +94,18 @@ class AudioCodecTrainConfig:
     """Optimizer steps (a time budget may stop earlier)."""
     batch_size: int = 8
     """Crops per step."""
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=4e-3, betas=(0.8, 0.99), weight_decay=0.0, fused=False)
+    )
+    """AdamW (torch's own step, ``fused`` off); weight decay on conv and linear weights only (biases
+    never decayed)."""
+    schedule: ScheduleConfig = field(
+        default_factory=lambda: ScheduleConfig(kind="cosine", warmup_steps=100, min_lr_ratio=0.05)
+    )
+    """Linear warmup, then a half cosine to ``min_lr_ratio * lr`` at the last step (``kind`` must be
+    ``cosine``: a time budget drives its progress)."""
     crop_s: tuple[float, float] = (0.5, 1.0)
     """Range of the crop length (seconds, uniform per batch, rounded up to whole frames)."""
-    lr: float = 4e-3
-    """Peak AdamW learning rate (linear warmup, cosine decay to ``min_lr_ratio * lr``)."""
-    warmup_steps: int = 100
-    """Linear warmup steps."""
-    min_lr_ratio: float = 0.05
-    """Final learning rate as a fraction of the peak."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay on conv and linear weights (biases never decayed)."""
-    betas: tuple[float, float] = (0.8, 0.99)
-    """AdamW betas."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip (0 = off)."""
     stft_weight: float = 1.0
     """Weight of the multi-resolution STFT loss (spectral convergence + log-magnitude L1)."""
     stft_resolutions: tuple[tuple[int, int], ...] = ((64, 16), (128, 32), (256, 64), (512, 128))
@@ -153,7 +151,7 @@ class AudioCodecTrainConfig:
         check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         lo, hi = self.crop_s
         check(0 < lo <= hi, f"crop_s={list(self.crop_s)} must satisfy 0 < low <= high")
-        _ = self.optim, self.schedule  # they check lr, betas, weight_decay, grad_clip and the schedule
+        check(self.schedule.kind == "cosine", f"schedule.kind={self.schedule.kind!r}: expected 'cosine'")
         weights = (self.stft_weight, self.mel_weight, self.wave_weight, self.commit_weight)
         check(all(w >= 0 for w in weights), "loss weights must be >= 0")
         check(
@@ -176,22 +174,6 @@ class AudioCodecTrainConfig:
             self.codec.teacher != "whisper" or bool(self.whisper_source),
             "codec.teacher='whisper' needs whisper_source (a Whisper model id or folder)",
         )
-
-    @property
-    def optim(self) -> OptimConfig:
-        """The AdamW of these fields (torch's own step, no fused kernel)."""
-        return OptimConfig(
-            lr=self.lr,
-            betas=self.betas,
-            weight_decay=self.weight_decay,
-            grad_clip=self.grad_clip,
-            fused=False,
-        )
-
-    @property
-    def schedule(self) -> ScheduleConfig:
-        """Linear warmup, then a half cosine to ``min_lr_ratio * lr`` at the last step."""
-        return ScheduleConfig(kind="cosine", warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
 
 
 # ---------------------------------------------------------------------- data
@@ -419,7 +401,7 @@ def train_audio_codec(
     t0 = time.perf_counter()
     teacher = fit_teacher(codec, data, cfg, random.Random(cfg.seed + 7))
     summary["teacher"] = {"kind": cfg.codec.teacher, "fit_s": round(time.perf_counter() - t0, 2)}
-    opt = make_adamw(param_groups(codec, cfg.weight_decay, min_ndim=2), cfg.optim)
+    opt = make_adamw(param_groups(codec, cfg.optim.weight_decay, min_ndim=2), cfg.optim)
     codec.train()
     steps_run = 0
     for step in range(cfg.steps):
@@ -428,14 +410,14 @@ def train_audio_codec(
             break
         wave, sources = data.batch(cfg.batch_size, rng)
         used = 0.0 if not time_budget_s else (time.perf_counter() - t0) / time_budget_s
-        progress = max(cosine_progress(step, cfg.steps, cfg.warmup_steps), used)
-        lr = lr_at(step, cfg.steps, cfg.lr, cfg.schedule, progress)
+        progress = max(cosine_progress(step, cfg.steps, cfg.schedule.warmup_steps), used)
+        lr = lr_at(step, cfg.steps, cfg.optim.lr, cfg.schedule, progress)
         for group in opt.param_groups:
             group["lr"] = lr
         loss, terms = codec_loss(codec, wave, cfg, teacher)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(codec.parameters(), cfg.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(codec.parameters(), cfg.optim.grad_clip or float("inf"))
         opt.step()
         steps_run = step + 1
         if step % cfg.log_every == 0 or step == cfg.steps - 1:

@@ -79,16 +79,15 @@ class RefinerTrainConfig:
     """Optimizer steps (a ``time_budget_s`` may stop earlier)."""
     batch_size: int = 16
     """Pairs per step."""
-    lr: float = 2e-3
-    """Peak AdamW learning rate."""
-    warmup_steps: int = 50
-    """Linear warmup steps."""
-    min_lr_ratio: float = 0.05
-    """Final learning rate as a fraction of the peak."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay on conv and linear weights."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip (0 = off)."""
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=2e-3, betas=(0.9, 0.99), weight_decay=0.0, fused=False)
+    )
+    """AdamW (torch's own step, ``fused`` off); weight decay on conv and linear weights only."""
+    schedule: ScheduleConfig = field(
+        default_factory=lambda: ScheduleConfig(kind="cosine", warmup_steps=50, min_lr_ratio=0.05)
+    )
+    """Linear warmup, then a half cosine to ``min_lr_ratio * lr`` (``kind`` must be ``cosine``; progress:
+    see the module docstring)."""
     ema_decay: float = 0.999
     """EMA decay of the evaluated / saved weights."""
     mnist_fraction: float = 0.25
@@ -122,7 +121,7 @@ class RefinerTrainConfig:
 
     def __post_init__(self) -> None:
         check(self.steps >= 1 and self.batch_size >= 1, "steps and batch_size must be >= 1")
-        _ = self.optim, self.schedule  # they check lr, weight_decay, grad_clip and the schedule
+        check(self.schedule.kind == "cosine", f"schedule.kind={self.schedule.kind!r}: expected 'cosine'")
         check(0 <= self.ema_decay < 1, f"ema_decay={self.ema_decay} must be in [0, 1)")
         probs = (self.mnist_fraction, self.p_tokenizer, self.p_blur, self.p_noise, self.p_jpeg)
         check(all(0 <= p <= 1 for p in probs), "mnist_fraction and p_* must be in [0, 1]")
@@ -135,22 +134,6 @@ class RefinerTrainConfig:
         check(bool(self.eval_steps) and min(self.eval_steps) >= 1, "eval_steps must be non-empty and >= 1")
         check(0 <= self.sdedit_start_t <= 1, f"sdedit_start_t={self.sdedit_start_t} must be in [0, 1]")
         check(self.sdedit_steps >= 1 and self.log_every >= 1, "sdedit_steps and log_every must be >= 1")
-
-    @property
-    def optim(self) -> OptimConfig:
-        """The AdamW of these fields (torch's own step, no fused kernel)."""
-        return OptimConfig(
-            lr=self.lr,
-            betas=(0.9, 0.99),
-            weight_decay=self.weight_decay,
-            grad_clip=self.grad_clip,
-            fused=False,
-        )
-
-    @property
-    def schedule(self) -> ScheduleConfig:
-        """Linear warmup, then a half cosine to ``min_lr_ratio * lr`` (progress: see the module docstring)."""
-        return ScheduleConfig(kind="cosine", warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
 
 
 # ---------------------------------------------------------------------- EMA
@@ -331,7 +314,7 @@ def train_refiner(
     generator = torch.Generator().manual_seed(cfg.seed)
     refiner = Refiner(rc)
     ema = copy.deepcopy(refiner).requires_grad_(False)
-    opt = make_adamw(param_groups(refiner, cfg.weight_decay, min_ndim=2), cfg.optim)
+    opt = make_adamw(param_groups(refiner, cfg.optim.weight_decay, min_ndim=2), cfg.optim)
     summary: dict[str, Any] = {
         "n_params": sum(p.numel() for p in refiner.parameters()),
         "mnist": train_digits is not None,
@@ -346,7 +329,7 @@ def train_refiner(
             summary["stopped_early_at_step"] = step
             break
         progress = max(step / cfg.steps, elapsed / time_budget_s if time_budget_s else 0.0)
-        lr = lr_at(step, cfg.steps, cfg.lr, cfg.schedule, progress)
+        lr = lr_at(step, cfg.steps, cfg.optim.lr, cfg.schedule, progress)
         for group in opt.param_groups:
             group["lr"] = lr
         low, high = source.sample(cfg.batch_size, rng)
@@ -354,7 +337,7 @@ def train_refiner(
         loss = refiner.loss(to_pixels(low), to_pixels(high), generator=generator)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(refiner.parameters(), cfg.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(refiner.parameters(), cfg.optim.grad_clip or float("inf"))
         opt.step()
         update_ema(ema, refiner, min(cfg.ema_decay, (1 + step) / (10 + step)))
         window.append(loss.item())

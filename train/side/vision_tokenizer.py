@@ -76,16 +76,16 @@ class VisionTokenizerTrainConfig:
     """Optimizer steps of the 2D (image) stage."""
     batch_size: int = 64
     """Images per step."""
-    lr: float = 2e-3
-    """Peak AdamW learning rate (linear warmup, cosine decay to ``min_lr_ratio * lr``)."""
-    warmup_steps: int = 50
-    """Linear warmup steps."""
-    min_lr_ratio: float = 0.05
-    """Final learning rate as a fraction of the peak."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay on conv weights (norms, biases and code radii are never decayed)."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip (0 = off)."""
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=2e-3, betas=(0.9, 0.99), weight_decay=0.0, fused=False)
+    )
+    """AdamW of the 2D stage (torch's own step, ``fused`` off; the 3D stage's runs at ``video_lr``);
+    weight decay on conv weights only (norms, biases and code radii are never decayed)."""
+    schedule: ScheduleConfig = field(
+        default_factory=lambda: ScheduleConfig(kind="cosine", warmup_steps=50, min_lr_ratio=0.05)
+    )
+    """The 2D stage's: linear warmup, then a half cosine to ``min_lr_ratio * lr`` at the last step
+    (``kind`` must be ``cosine``)."""
     rec_weight: float = 1.0
     """Weight of the L1 + L2 pixel loss."""
     ssim_weight: float = 0.2
@@ -129,7 +129,7 @@ class VisionTokenizerTrainConfig:
         check(self.steps >= 1, f"steps={self.steps} must be >= 1")
         check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         check(self.video_lr > 0, f"video_lr={self.video_lr} must be > 0")
-        _ = self.optim, self.schedule  # they check lr, weight_decay, grad_clip and the schedule
+        check(self.schedule.kind == "cosine", f"schedule.kind={self.schedule.kind!r}: expected 'cosine'")
         weights = (
             self.rec_weight,
             self.ssim_weight,
@@ -156,23 +156,6 @@ class VisionTokenizerTrainConfig:
         check(self.video_image_batch_size >= 0, "video_image_batch_size must be >= 0")
         check(self.eval_images >= 1 and self.eval_clips >= 1, "eval_images and eval_clips must be >= 1")
         check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
-
-    @property
-    def optim(self) -> OptimConfig:
-        """The AdamW of the 2D stage (torch's own step, no fused kernel); the 3D stage's runs at
-        ``video_lr``."""
-        return OptimConfig(
-            lr=self.lr,
-            betas=(0.9, 0.99),
-            weight_decay=self.weight_decay,
-            grad_clip=self.grad_clip,
-            fused=False,
-        )
-
-    @property
-    def schedule(self) -> ScheduleConfig:
-        """The 2D stage's: linear warmup, then a half cosine to ``min_lr_ratio * lr`` at the last step."""
-        return ScheduleConfig(kind="cosine", warmup_steps=self.warmup_steps, min_lr_ratio=self.min_lr_ratio)
 
 
 # ---------------------------------------------------------------------- schedules
@@ -352,11 +335,11 @@ def train_vision_tokenizer(
         "mnist": train_digits is not None,
         "untrained": _evaluate(tok, eval_sets, depths[-1:]),
     }
-    opt = make_adamw(param_groups(tok, cfg.weight_decay, min_ndim=4), cfg.optim)
+    opt = make_adamw(param_groups(tok, cfg.optim.weight_decay, min_ndim=4), cfg.optim)
     disc = disc_opt = None
     if cfg.adv_weight > 0:
         disc = PatchDiscriminator(cfg.tokenizer.channels)
-        disc_opt = torch.optim.AdamW(disc.parameters(), lr=cfg.lr, betas=(0.5, 0.9))
+        disc_opt = torch.optim.AdamW(disc.parameters(), lr=cfg.optim.lr, betas=(0.5, 0.9))
 
     t0 = time.perf_counter()
     steps_run = 0
@@ -366,7 +349,7 @@ def train_vision_tokenizer(
             break
         x = images_to_pixels(data.images(cfg.batch_size, rng))
         n_bits = bits_at(step, cfg, rng)
-        lr = lr_at(step, cfg.steps, cfg.lr, cfg.schedule)
+        lr = lr_at(step, cfg.steps, cfg.optim.lr, cfg.schedule)
         for group in opt.param_groups:
             group["lr"] = lr
         loss, terms, rec_NCHW, _ = _losses(tok, x, n_bits, cfg)
@@ -377,7 +360,7 @@ def train_vision_tokenizer(
             terms["g_loss"] = g_loss.item()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(tok.parameters(), cfg.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(tok.parameters(), cfg.optim.grad_clip or float("inf"))
         opt.step()
         if use_adv:
             d_loss = hinge_d_loss(disc(x.transpose(1, 2).flatten(0, 1)), disc(rec_NCHW.detach()))
@@ -422,7 +405,9 @@ def _train_video(
     )
     tok3d = inflate(tok2d)
     result: dict[str, Any] = {"clips_2d": _evaluate(tok2d, {"clips": eval_clips}, [n_bits])}
-    opt = make_adamw(param_groups(tok3d, cfg.weight_decay, min_ndim=4), replace(cfg.optim, lr=cfg.video_lr))
+    opt = make_adamw(
+        param_groups(tok3d, cfg.optim.weight_decay, min_ndim=4), replace(cfg.optim, lr=cfg.video_lr)
+    )
     t0 = time.perf_counter()
     for step in range(cfg.video_steps):
         x = clips_to_pixels(sample_clips(cfg.video_batch_size, rng, cfg.video_frames, size, data.digits))
@@ -435,7 +420,7 @@ def _train_video(
             terms["image_psnr"] = image_terms["train_psnr"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(tok3d.parameters(), cfg.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(tok3d.parameters(), cfg.optim.grad_clip or float("inf"))
         opt.step()
         if step % cfg.log_every == 0 or step == cfg.video_steps - 1:
             record = {"stage": "3d", "step": step, "lr": cfg.video_lr, "n_bits": n_bits, "loss": loss.item()}

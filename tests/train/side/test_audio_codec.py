@@ -14,7 +14,8 @@ from ernie5.config import ConfigError, from_dict, load
 from ernie5.tokenizers.audio_codec import AudioCodec
 from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.audio_teacher import MFCCKMeansTeacher, load_teacher
-from train.common.schedule import lr_at
+from train.common.optim import OptimConfig
+from train.common.schedule import ScheduleConfig, lr_at
 from train.side.audio_codec import (
     AudioCodecTrainConfig,
     AudioCrops,
@@ -41,7 +42,7 @@ def tiny_train_cfg(**overrides) -> AudioCodecTrainConfig:
         steps=3,
         batch_size=2,
         crop_s=(0.2, 0.3),
-        warmup_steps=1,
+        schedule=ScheduleConfig(kind="cosine", warmup_steps=1, min_lr_ratio=0.05),
         teacher_fit_crops=8,
         teacher_iters=5,
         eval_dtmf=3,
@@ -159,8 +160,12 @@ def test_helpers():
     assert len(c) == 4 and np.all(np.diff(c) == 1)  # a contiguous window
     c = crop(w, 16, rng)
     assert len(c) == 16 and np.count_nonzero(c) == 10 and c[c > 0].tolist() == w.tolist()
-    cfg = tiny_train_cfg(steps=100, warmup_steps=10, lr=1e-3, min_lr_ratio=0.1)
-    lr = [lr_at(s, cfg.steps, cfg.lr, cfg.schedule) for s in (0, 9, 99)]
+    cfg = tiny_train_cfg(
+        steps=100,
+        schedule=ScheduleConfig(kind="cosine", warmup_steps=10, min_lr_ratio=0.1),
+        optim=OptimConfig(lr=1e-3, fused=False),
+    )
+    lr = [lr_at(s, cfg.steps, cfg.optim.lr, cfg.schedule) for s in (0, 9, 99)]
     assert lr[0] == pytest.approx(1e-4) and lr[1] == pytest.approx(1e-3)
     assert lr[2] == pytest.approx(1e-4, rel=1e-2)
 
@@ -170,6 +175,7 @@ def test_helpers():
     [
         ({"crop_s": (0.5, 0.2)}, "crop_s=[0.5, 0.2] must satisfy 0 < low <= high"),
         ({"dtmf_weight": 0.0}, "dtmf_weight=0.0 must be > 0"),
+        ({"schedule": ScheduleConfig(kind="wsd")}, "schedule.kind='wsd': expected 'cosine'"),
         ({"stft_resolutions": ((64, 128),)}, "need n_fft >= 2 and 1 <= hop <= n_fft"),
         ({"codec": AudioCodecConfig(teacher="whisper", teacher_dim=384)}, "needs whisper_source"),
     ],

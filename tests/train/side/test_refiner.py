@@ -43,7 +43,7 @@ def test_degrade_is_seeded_and_keeps_shape():
 )
 def test_lr_schedule(step, progress, expected):
     cfg = RefinerTrainConfig()
-    assert lr_at(step, cfg.steps, cfg.lr, cfg.schedule, progress) == pytest.approx(expected)
+    assert lr_at(step, cfg.steps, cfg.optim.lr, cfg.schedule, progress) == pytest.approx(expected)
 
 
 def test_train_refiner_writes_its_folder(tmp_path):
