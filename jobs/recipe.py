@@ -259,15 +259,11 @@ def run_recipe(
             quiet,
         ),
     )
-    bcfg = load(
-        RunConfig,
-        resolve_config_path(PRESET),
-        [
-            f"data.vision_tokenizer={out / 'vision' / 'tokenizer_3d'}",
-            f"data.audio_codec={out / 'codec' / 'codec'}",
-            *extra["backbone"],
-        ],
-    )
+    side_models = [  # the backbone and its anneals read the stages above, frozen
+        f"data.vision_tokenizer={out / 'vision' / 'tokenizer_3d'}",
+        f"data.audio_codec={out / 'codec' / 'codec'}",
+    ]
+    bcfg = load(RunConfig, resolve_config_path(PRESET), [*side_models, *extra["backbone"]])
     backbone = out / "backbone"
     timed("backbone", dump(bcfg), lambda: _train_run(bcfg, backbone, data_dir, quiet))
     anneals = []
@@ -276,8 +272,7 @@ def run_recipe(
             RunConfig,
             resolve_config_path(PRESET),
             [
-                f"data.vision_tokenizer={out / 'vision' / 'tokenizer_3d'}",
-                f"data.audio_codec={out / 'codec' / 'codec'}",
+                *side_models,
                 f"train.init_from={checkpoint_dir(backbone, bcfg.train.steps)}",
                 *ANNEAL_OVERRIDES,
                 *mix_overrides,
@@ -320,7 +315,7 @@ def _train_run(cfg: Any, run_dir: Path, data_dir: Path | None, quiet: bool) -> b
     from train.common.run_folder import checkpoint_dirs
     from train.pretrain.loop import pretrain
 
-    if any(c.name == f"step_{cfg.train.steps:08d}" for c in checkpoint_dirs(run_dir)):
+    if checkpoint_dir(run_dir, cfg.train.steps) in checkpoint_dirs(run_dir):
         return False
     pretrain(cfg, run_dir, resume=(run_dir / "config.yaml").is_file(), data_dir=data_dir, quiet=quiet)
     return True

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -69,7 +70,10 @@ def _mean(values: list[float]) -> float:
 
 def summarize(run: Path) -> dict:
     """One arm's table row (see the module docstring)."""
-    steps, events = read_metrics(run)
+    return _summary_row(run, *read_metrics(run))
+
+
+def _summary_row(run: Path, steps: list[dict], events: dict[str, dict]) -> dict:
     if not steps:
         raise ValueError(f"{run}: no RL steps recorded yet")
 
@@ -126,18 +130,18 @@ def _smooth(values: list[float], k: int = 5) -> list[float]:
     return [_mean(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
 
 
-def curves_figure(arms: dict[str, Path]) -> Figure:
+def curves_figure(steps_by_arm: dict[str, list[dict]]) -> Figure:
     """Reward and entropy per step of every arm (5-step moving mean), as ``curves.png``."""
-    series = {}
-    for name, run in arms.items():
-        steps, _ = read_metrics(run)
-        series[name] = pd.DataFrame(
+    series = {
+        name: pd.DataFrame(
             {
                 "step": [r["step"] for r in steps],
                 "reward": _smooth([r["reward"] for r in steps]),
                 "entropy": _smooth([r["entropy"] for r in steps]),
             }
         )
+        for name, steps in steps_by_arm.items()
+    }
     return Figure(plots.rl_curves(series), alt="reward and entropy", file="curves.png")
 
 
@@ -145,16 +149,16 @@ def rl_document(title: str, rows: dict[str, dict], curves: Figure, intro: str = 
     """The study as a document: one row per arm (see the module docstring), then the curves."""
     frame = pd.DataFrame(
         [
-            {"arm": name, "steps": row["steps"], **{k: _fmt(k, row.get(k)) for k, _ in COLUMNS}}
+            {"arm": name, "steps": row["steps"], **{k: row.get(k) for k, _ in COLUMNS}}
             for name, row in rows.items()
         ]
     )
-    headers = dict(COLUMNS)
+    formats = {k: partial(_fmt, k) for k, _ in COLUMNS}
     return Document(
         title=title,
         subtitle=intro,
         sections=(
-            Section("arms", "Arms", (Table(frame, headers=headers),)),
+            Section("arms", "Arms", (Table(frame, formats=formats, headers=dict(COLUMNS)),)),
             Section("curves", "Curves", (curves,)),
         ),
     )
@@ -165,8 +169,9 @@ def write_report(title: str, arms: dict[str, Path], out_dir: Path, intro: str = 
     Markdown's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = {name: summarize(run) for name, run in arms.items()}
-    doc = rl_document(title, rows, curves_figure(arms), intro)
+    metrics = {name: read_metrics(run) for name, run in arms.items()}  # each metrics.jsonl read once
+    rows = {name: _summary_row(arms[name], *m) for name, m in metrics.items()}
+    doc = rl_document(title, rows, curves_figure({name: m[0] for name, m in metrics.items()}), intro)
     write_figures(doc, out_dir)
     write_atomic(out_dir / "report.html", to_html(doc))
     write_atomic(out_dir / "summary.json", json.dumps(rows, indent=2, default=str))
