@@ -1,4 +1,5 @@
-"""An elastic study folder -> ``report.md``, ``report.html``, ``summary.json`` and ``loss.png``.
+"""An elastic study folder -> ``report.md``, ``report.html``, ``summary.json``, ``loss.png`` and
+``retention.png``.
 
 Reads only what ``ernie5 study elastic`` wrote (``study.json``, ``loss/<arm>.json``, the sweep run
 folders under ``sweeps/``; :class:`reports.study_folder.Study`). For each studied shape it puts four
@@ -20,7 +21,8 @@ two rows on the same fixed batches (paired bootstrap of the mean difference,
 paired bootstrap), Holm-adjusted over all task cells of the report. The cost of elasticity is the
 ratio of the elastic and static full models' held-out losses with a paired bootstrap interval, against
 the paper's implied goal (within 2 %). The seesaw per family and routing by modality are
-:mod:`reports.study_modality`; the page is :mod:`reports.study_page`.
+:mod:`reports.study_modality`; the report (page and Markdown, one document) is
+:func:`reports.study_report.study_document`.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ from matplotlib.figure import Figure
 
 from ernie5.store.runs import write_atomic, write_json
 from reports import formatting as f
-from reports import paired, scores, seesaw, study_markdown, study_modality, study_page
+from reports import paired, scores, seesaw, study_modality
 from reports.load import read_samples
+from reports.render.files import write_figures
+from reports.render.html import to_html
+from reports.render.markdown import to_markdown
 from reports.study_folder import ELASTIC, FAMILIES, STATIC, Study, StudyReport, relative
+from reports.study_report import study_document
 
 __all__ = ["FAMILIES", "Study", "StudyReport", "analyze_study", "ratio_ci", "write_report"]
 
@@ -415,14 +421,13 @@ def analyze_study(root: str | Path) -> StudyReport:
 
 
 def write_report(root: str | Path) -> Path:
-    """Write ``report.md``, ``report.html``, ``summary.json`` and ``loss.png`` of a study folder;
-    returns ``report.md``."""
+    """Write ``report.md`` and ``report.html`` (one document), the figures the Markdown shows
+    (``loss.png``, ``retention.png``) and ``summary.json`` of a study folder; returns ``report.md``."""
     report = analyze_study(root)
     root = report.study.root
-    png = loss_plot(report.main) if len(report.main) else b""
-    if png:
-        write_atomic(root / "loss.png", png)
-    write_atomic(root / "report.md", study_markdown.render(report))
-    write_atomic(root / "report.html", study_page.render(report, png))
+    doc = study_document(report, loss_plot(report.main) if len(report.main) else b"")
+    write_figures(doc, root)
+    write_atomic(root / "report.md", to_markdown(doc))
+    write_atomic(root / "report.html", to_html(doc))
     write_json(root / "summary.json", report.summary())
     return root / "report.md"

@@ -1,8 +1,10 @@
 """``ernie5 report RUN_DIR``: a self-contained HTML report, a Markdown summary and CSV/JSON tables.
 
-Writes ``index.html`` (figures embedded, nothing fetched when viewed), ``summary.md`` and
-``tables/<name>.csv|json`` into ``RUN_DIR/report/`` (or ``out_dir``). Rebuilding overwrites these
-files and leaves anything else in the folder (such as a comparison) alone.
+Writes ``index.html`` (figures embedded, nothing fetched when viewed), ``summary.md`` (the same
+document's headlines, for a CI log or a pull request, with its seesaw figure beside it) and
+``tables/<name>.csv|json`` into ``RUN_DIR/report/`` (or ``out_dir``), both from one
+:class:`~reports.render.document.Document`. Rebuilding overwrites these files and leaves anything else
+in the folder (such as a comparison) alone.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from pathlib import Path
 import pandas as pd
 
 from ernie5.store.runs import write_atomic
-from reports import sections
-from reports.analysis import analyze, tables
-from reports.html import page
-from reports.load import load_run
-from reports.markdown import report_summary
+from reports import drilldown, sections
+from reports.analysis import Analysis, analyze, tables
+from reports.definitions import ABOUT
+from reports.load import Run, load_run
+from reports.render.document import Definitions, Document, Section
+from reports.render.files import write_figures
+from reports.render.html import to_html
+from reports.render.markdown import to_markdown
 
 
 def _jsonable(df: pd.DataFrame) -> list[dict]:
@@ -36,6 +41,26 @@ def write_tables(frames: dict[str, pd.DataFrame], folder: Path) -> None:
         write_atomic(folder / f"{name}.json", json.dumps(_jsonable(df), indent=1, default=str) + "\n")
 
 
+def report_document(run: Run, analysis: Analysis, html_path: str) -> Document:
+    """The run report: the answer first (verdicts and the seesaw figure), then the seesaw, efficiency,
+    the units, routing, the drill-down and the definitions; ``html_path`` is named in the overview."""
+    m = run.manifest
+    return Document(
+        f"ERNIE 5 sweep report: {run.name}",
+        f"Run {run.name} | suite {m.get('suite', '?')} | checkpoint {m.get('checkpoint', '?')} | "
+        f"finished {m.get('finished', '?')}",
+        (
+            Section("overview", "Overview", sections.overview(run, analysis, html_path)),
+            Section("seesaw", "Capability seesaw", sections.seesaw(analysis)),
+            Section("efficiency", "Efficiency trade-offs", sections.efficiency(analysis)),
+            Section("units", "Units", sections.units(run, analysis)),
+            Section("routing", "Routing analysis", drilldown.routing_section(run, analysis), markdown=False),
+            Section("tasks", "Per-task drill-down", drilldown.drilldown(run, analysis), markdown=False),
+            Section("about", "About these numbers", (Definitions(ABOUT),), markdown=False),
+        ),
+    )
+
+
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Build the report of a sweep run.
 
@@ -44,7 +69,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         out_dir: where to write; default ``RUN_DIR/report``.
 
     Returns:
-        The report folder (with ``index.html``, ``summary.md``, ``tables/``).
+        The report folder (with ``index.html``, ``summary.md``, its figure, ``tables/``).
 
     Raises:
         ReportError: ``run_dir`` is not a sweep run folder.
@@ -53,19 +78,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     analysis = analyze(run)
     write_tables(tables(run, analysis), out / "tables")
-    m = run.manifest
-    subtitle = (
-        f"Run {run.name} | suite {m.get('suite', '?')} | checkpoint {m.get('checkpoint', '?')} | "
-        f"finished {m.get('finished', '?')}"
-    )
-    body = [
-        ("overview", "Overview", sections.overview(run, analysis)),
-        ("seesaw", "Capability seesaw", sections.seesaw(analysis)),
-        ("efficiency", "Efficiency trade-offs", sections.efficiency(analysis)),
-        ("routing", "Routing analysis", sections.routing_section(run, analysis)),
-        ("tasks", "Per-task drill-down", sections.drilldown(run, analysis)),
-        ("about", "About these numbers", sections.about()),
-    ]
-    write_atomic(out / "index.html", page(f"ERNIE 5 sweep report: {run.name}", subtitle, body))
-    write_atomic(out / "summary.md", report_summary(run, analysis, str(out / "index.html")))
+    doc = report_document(run, analysis, str(out / "index.html"))
+    write_figures(doc, out)
+    write_atomic(out / "index.html", to_html(doc))
+    write_atomic(out / "summary.md", to_markdown(doc))
     return out

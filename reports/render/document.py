@@ -22,6 +22,9 @@ class Text:
     text: str
     style: Literal["", "lead", "callout", "muted"] = ""
     badge: str = ""
+    rich: bool = False
+    """Whether ``**word**`` marks are kept: bold in both renderers, a coloured label in the page when the
+    word is a status of :data:`reports.render.html.STATUS_CLASSES` (the text is escaped either way)."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,12 @@ class Table:
     formats: dict[str, Callable[[Any], str]] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     badges: tuple[str, ...] = ()
+    chips: tuple[str, ...] = ()
+    """Columns of modality names, shown after a square of the modality's colour."""
+    code: tuple[str, ...] = ()
+    """Columns of verbatim text (prompts, predictions, error messages): preformatted."""
+    rich: tuple[str, ...] = ()
+    """Columns of rich text (``**word**`` marks as for :class:`Text`, newlines kept in the page)."""
     empty: str = "None."
     """What stands in for a table with no rows."""
 
@@ -49,6 +58,29 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Heading:
+    """A sub-heading inside a section."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Bullets:
+    """A bulleted list of rich text (``**word**`` marks as for :class:`Text`); ``callout`` boxes it."""
+
+    items: tuple[str, ...]
+    callout: bool = False
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class Code:
+    """Verbatim text (a command, a config): preformatted in the page, a fenced block in Markdown."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class KeyValues:
     """Labels and values, one pair per row."""
 
@@ -62,7 +94,25 @@ class Definitions:
     items: tuple[tuple[str, str], ...]
 
 
-Block = Text | Table | Figure | KeyValues | Definitions
+@dataclass(frozen=True)
+class Details:
+    """Blocks folded under a one-line summary (open on request) in the page; in Markdown, the summary
+    in bold followed by the blocks."""
+
+    summary: str
+    blocks: tuple[Block, ...]
+    open: bool = False
+
+
+@dataclass(frozen=True)
+class PageOnly:
+    """Blocks the page shows in place and the Markdown leaves out (long tables, second figures), so a
+    section can keep its headline in the Markdown and its detail on the page."""
+
+    blocks: tuple[Block, ...]
+
+
+Block = PageOnly | Text | Heading | Bullets | Code | Table | Figure | KeyValues | Definitions | Details
 
 
 @dataclass(frozen=True)

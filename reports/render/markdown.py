@@ -8,13 +8,27 @@ quotes (:func:`code`). A task name or model output can neither break a table nor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from reports import formatting as f
-from reports.render.document import Block, Definitions, Document, Figure, KeyValues, Table, Text
+from reports.render.document import (
+    Block,
+    Bullets,
+    Code,
+    Definitions,
+    Details,
+    Document,
+    Figure,
+    Heading,
+    KeyValues,
+    PageOnly,
+    Table,
+    Text,
+)
 
 
 def cell(x: Any) -> str:
@@ -47,17 +61,32 @@ def md_table(df: pd.DataFrame, formats: dict[str, Callable[[Any], str]] | None =
 
 
 def block_markdown(block: Block) -> str:
-    """One block as Markdown."""
+    """One block as Markdown ("" for a :class:`PageOnly` one)."""
+    if isinstance(block, PageOnly):
+        return ""
     if isinstance(block, Text):
         text = cell(block.text)
         if block.style == "callout":
             return f"> **{cell(block.badge)}**: {text}" if block.badge else f"> {text}"
         return f"**{text}**" if block.style == "lead" else text
+    if isinstance(block, Heading):
+        return f"### {cell(block.text)}"
+    if isinstance(block, Bullets):
+        title = [f"**{cell(block.title)}**", ""] if block.title else []
+        return "\n".join(title + [f"- {cell(i)}" for i in block.items])
+    if isinstance(block, Code):
+        text = f.text(block.text)
+        fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", text)), default=0))
+        return f"{fence}\n{text}\n{fence}"
     if isinstance(block, Table):
         if block.frame.empty:
             return cell(block.empty)
+        formats = dict(block.formats)
+        for col in block.code:
+            fmt = formats.get(col, f.text)
+            formats[col] = lambda v, fmt=fmt: code(fmt(v))
         frame = block.frame.rename(columns=block.headers)
-        formats = {block.headers.get(c, c): fn for c, fn in block.formats.items()}
+        formats = {block.headers.get(c, c): fn for c, fn in formats.items()}
         return md_table(frame, formats).rstrip("\n")
     if isinstance(block, Figure):
         caption = f" {cell(block.caption)}" if block.caption else ""
@@ -70,6 +99,9 @@ def block_markdown(block: Block) -> str:
         return "\n".join(f"- **{cell(k)}**: {cell(f.text(v))}" for k, v in block.items)
     if isinstance(block, Definitions):
         return "\n".join(f"- **{cell(t)}**: {cell(d)}" for t, d in block.items)
+    if isinstance(block, Details):
+        parts = [f"**{cell(block.summary)}**"] + [block_markdown(b) for b in block.blocks]
+        return "\n\n".join(p for p in parts if p)
     raise TypeError(f"not a report block: {type(block).__name__}")
 
 
@@ -78,6 +110,6 @@ def to_markdown(doc: Document) -> str:
     out = [f"# {cell(doc.title)}", "", cell(doc.subtitle), ""]
     for section in (s for s in doc.sections if s.markdown):
         out += [f"## {cell(section.title)}", ""]
-        for block in section.blocks:
-            out += [block_markdown(block), ""]
+        for text in (block_markdown(b) for b in section.blocks):
+            out += [text, ""] if text else []
     return "\n".join(out).rstrip("\n") + "\n"

@@ -14,7 +14,7 @@ import pytest
 from reports import compare_runs
 from tests.reports.browser import check_page, find_chromium, screenshot
 
-SECTIONS = ["overview", "seesaw", "efficiency", "routing", "tasks", "about"]
+SECTIONS = ["overview", "seesaw", "efficiency", "units", "routing", "tasks", "about"]
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,8 +15,12 @@ import pytest
 
 from ernie5.store.runs import write_json
 from reports import seesaw, study_modality
-from reports.elastic_study import FAMILIES, Study, ratio_ci, write_report
+from reports.elastic_study import FAMILIES, Study, analyze_study, ratio_ci, write_report
+from reports.html import esc
 from reports.load import ReportError
+from reports.render.html import STATUS_CLASSES, rich
+from reports.render.markdown import cell
+from reports.study_views import shape_view
 from tests.reports.browser import check_page, find_chromium
 from tests.reports.conftest import STRENGTH, TASKS, write_run
 
@@ -275,6 +280,39 @@ def test_the_html_page_is_self_contained_escaped_and_complete(mm_study):
     assert "ernie5 study elastic --config mm.yaml --out x" in html and "ernie5 study elastic" in md
     assert "audio score [95% CI]" in html and "decode tok/s [IQR]" in html
     assert '<span class="badge b-ok">holds</span>' in html  # the verdict matrix
+
+
+def test_the_page_and_the_markdown_come_from_one_document(mm_study):
+    """report.md and report.html state the same verdicts and the same main-table cells; the Markdown
+    leaves out the page's long parts and shows its figures from files beside it."""
+    summary = json.loads((mm_study / "summary.json").read_text())
+    md, html = (mm_study / "report.md").read_text(), (mm_study / "report.html").read_text()
+    assert len(summary["verdicts"]) > 10
+    for verdict in summary["verdicts"]:
+        assert cell(verdict) in md, verdict
+        assert rich(verdict) in html, verdict
+    for shape, rows in analyze_study(mm_study).main.groupby("shape", sort=False):
+        view = shape_view(rows)
+        assert f"### {shape}" in md and f"<h3>{shape}</h3>" in html
+        for values in view.itertuples(index=False):
+            assert "| " + " | ".join(cell(v) for v in values) + " |" in md, values
+            assert "<tr>" + "".join(f"<td>{esc(v)}</td>" for v in values) + "</tr>" in html, values
+    # the claim matrix: the same decision words, labels on the page and bold in the Markdown
+    for word in ("holds", "does not hold", "importance better"):
+        assert f"**{word}**" in md and f'<span class="badge {STATUS_CLASSES[word]}">{word}</span>' in html
+    assert "## Verdicts" in md and "## Cost of elasticity" in md  # what CI greps for
+    for page_only in ("About these numbers", "Every cell", "Every verdict in words", "per layer"):
+        assert page_only in html and page_only not in md, page_only
+    for png in ("loss.png", "retention.png"):
+        assert f"]({png})" in md and (mm_study / png).is_file()
+
+
+def test_the_study_modules_build_no_markup():
+    """Every piece of markup is the renderer's: the study modules build data, not HTML strings."""
+    for name in ("elastic_study", "study_report", "study_views"):
+        src = (Path(__file__).resolve().parents[2] / "reports" / f"{name}.py").read_text()
+        for markup in ("esc(", "<h3>", "<div", "<br>", "<p>", "<td"):
+            assert markup not in src, (name, markup)
 
 
 def test_the_page_renders_in_chromium(mm_study):

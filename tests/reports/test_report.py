@@ -15,6 +15,7 @@ SECTIONS = (
     "Overview",
     "Capability seesaw",
     "Efficiency trade-offs",
+    "Units",
     "Routing analysis",
     "Per-task drill-down",
     "About these numbers",

@@ -8,7 +8,20 @@ import base64
 import pandas as pd
 import pytest
 
-from reports.render.document import Definitions, Document, Figure, KeyValues, Section, Table, Text
+from reports.render.document import (
+    Bullets,
+    Code,
+    Definitions,
+    Details,
+    Document,
+    Figure,
+    Heading,
+    KeyValues,
+    PageOnly,
+    Section,
+    Table,
+    Text,
+)
 from reports.render.files import write_figures
 from reports.render.html import block_html, to_html
 from reports.render.markdown import block_markdown, to_markdown
@@ -80,3 +93,66 @@ def test_figure_without_file_is_described_in_markdown():
 def test_unknown_block_is_refused(render):
     with pytest.raises(TypeError, match="not a report block: str"):
         render("text")
+
+
+def _rich_doc() -> Document:
+    cells = Table(
+        pd.DataFrame(
+            {
+                "modality": ["image"],
+                "prediction": ["<script>x</script>\n`tick`"],
+                "claim": ["**holds**\n+0.01 <b>"],
+                "status": ["error"],
+            }
+        ),
+        chips=("modality",),
+        code=("prediction",),
+        rich=("claim",),
+        badges=("status",),
+    )
+    return Document(
+        "t",
+        "s",
+        (
+            Section(
+                "a",
+                "A",
+                (
+                    Heading("Sub <h>"),
+                    Bullets(("**does not hold** <i>", "plain **bold**"), callout=True, title="Verdicts"),
+                    Code("run ```x``` <y>"),
+                    cells,
+                    Details("more <m>", (Text("inside"), Figure(PNG, "folded", file="folded.png"))),
+                    PageOnly((Text("page only <p>"), Figure(PNG, "detail", file="detail.png"))),
+                ),
+            ),
+        ),
+    )
+
+
+def test_rich_blocks_on_the_page_are_escaped_and_marked():
+    page = to_html(_rich_doc())
+    assert "<h3>Sub &lt;h&gt;</h3>" in page
+    assert '<span class="badge b-regression">does not hold</span> &lt;i&gt;' in page  # a verdict word
+    assert "<strong>bold</strong>" in page and "<strong>Verdicts</strong>" in page
+    assert '<div class="callout"><strong>Verdicts</strong><ul>' in page
+    assert "<pre>run ```x``` &lt;y&gt;</pre>" in page
+    assert 'class="chip"' in page and "<pre>&lt;script&gt;x&lt;/script&gt;" in page
+    assert '<span class="badge b-ok">holds</span><br>+0.01 &lt;b&gt;' in page
+    assert '<span class="badge b-error">error</span>' in page
+    assert "<details><summary>more &lt;m&gt;</summary><p>inside</p>" in page
+    assert "page only &lt;p&gt;" in page and "<script>x" not in page
+
+
+def test_rich_blocks_in_markdown_keep_their_meaning_and_leave_page_only_out():
+    md = to_markdown(_rich_doc())
+    assert "### Sub \\<h\\>" in md
+    assert "**Verdicts**\n\n- **does not hold** \\<i\\>\n- plain **bold**" in md
+    assert "````\nrun ```x``` <y>\n````" in md  # a fence longer than any backtick run inside
+    assert "| image | `\\<script\\>x\\</script\\> 'tick'` | **holds** +0.01 \\<b\\> | error |" in md
+    assert "**more \\<m\\>**\n\ninside\n\n![folded](folded.png)" in md
+    assert "page only" not in md and "detail.png" not in md
+
+
+def test_figures_written_are_those_the_markdown_shows(tmp_path):
+    assert write_figures(_rich_doc(), tmp_path) == [tmp_path / "folded.png"]
