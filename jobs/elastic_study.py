@@ -62,14 +62,14 @@ from ernie5.config import check, dump, load, read_yaml, to_dict
 from ernie5.data.root import resolve_data_dir
 from ernie5.model.inputs import Targets
 from ernie5.presets import resolve_config_path
-from ernie5.store.checkpoint import load_checkpoint
+from ernie5.store.checkpoint import checkpoint_dir, checkpoint_dirs, load_checkpoint
 from ernie5.store.runs import provenance, write_atomic, write_json
 from ernie5.subnets.extract import extract_checkpoint, subnet_config
 from ernie5.subnets.spec import SubnetError, parse_subnet, resolve, resolve_specs
 from evals.suite import load_suite, resolve_suite_path
 from evals.sweep import run_sweep, subnet_identity
 from reports.elastic_study import write_report
-from train.common.run_folder import RunError, checkpoint_dirs
+from train.common.run_folder import RunError
 from train.pretrain.config import RunConfig
 from train.pretrain.data import MixtureStream, open_sources
 from train.pretrain.loop import pretrain
@@ -223,7 +223,7 @@ class _Ledger:
 
 
 def _trained(run_dir: Path, steps: int) -> bool:
-    return any(c.name == f"step_{steps:08d}" for c in checkpoint_dirs(run_dir))
+    return checkpoint_dir(run_dir, steps) in checkpoint_dirs(run_dir)
 
 
 def _train(run: RunConfig, run_dir: Path, data_dir, quiet: bool) -> dict | None:

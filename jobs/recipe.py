@@ -312,7 +312,7 @@ def run_recipe(
 
 def _train_run(cfg: Any, run_dir: Path, data_dir: Path | None, quiet: bool) -> bool:
     """Train (or resume) one backbone run to ``cfg.train.steps``; False when it had already finished."""
-    from train.common.run_folder import checkpoint_dirs
+    from ernie5.store.checkpoint import checkpoint_dirs
     from train.pretrain.loop import pretrain
 
     if checkpoint_dir(run_dir, cfg.train.steps) in checkpoint_dirs(run_dir):

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ernie5.store.checkpoint import checkpoint_dir, checkpoint_dirs
 from ernie5.store.runs import read_jsonl
 from reports.rl import write_report
-from train.common.run_folder import RunError, checkpoint_dirs
+from train.common.run_folder import RunError
 from train.rl.trainer import rl, rl_config
 
 STUDIES: dict[str, dict] = {
@@ -63,7 +64,7 @@ STUDIES: dict[str, dict] = {
 
 def _finished(run_dir: Path, steps: int, needs_pass: bool) -> bool:
     """Whether an arm's run reached its last step (and, with a query pool, its ``pass_final`` record)."""
-    if not any(c.name == f"step_{steps:08d}" for c in checkpoint_dirs(run_dir)):
+    if checkpoint_dir(run_dir, steps) not in checkpoint_dirs(run_dir):
         return False
     if not needs_pass:
         return True

@@ -653,6 +653,20 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
 
 
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """A run's complete checkpoints (``checkpoints/step_XXXXXXXX`` with a ``meta.json``), oldest first;
+    hidden temp directories and interrupted writes are not among them."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    steps = [
+        (int(m.group(1)), d)
+        for d in root.iterdir()
+        if (m := _STEP_DIR.fullmatch(d.name)) and (d / META_FILE).is_file()
+    ]
+    return [d for _, d in sorted(steps)]
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """The checkpoint ``path`` names: a shipped checkpoint's name (``reference``, see
     ``ernie5.store.shipped``), a checkpoint folder, or a run folder's newest complete checkpoint.
@@ -675,16 +689,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / META_FILE).is_file() and not (path / "checkpoints").is_dir():
         return path  # a checkpoint (load_checkpoint reports any file it lacks)
-    ckpts = path / "checkpoints"
-    if ckpts.is_dir():
-        steps = [
-            (int(m.group(1)), d)
-            for d in ckpts.iterdir()
-            if (m := _STEP_DIR.fullmatch(d.name)) and (d / META_FILE).is_file()
-        ]
-        if not steps:
+    if (path / "checkpoints").is_dir():
+        if not (steps := checkpoint_dirs(path)):
             raise CheckpointError(f"{path}: no complete checkpoint under checkpoints/")
-        return max(steps)[1]
+        return steps[-1]
     raise CheckpointError(f"{path}: not a checkpoint or a run folder with checkpoints")
 
 

@@ -12,7 +12,7 @@ def micro_ckpt(tmp_path_factory) -> Path:
     """A micro checkpoint trained for 30 steps (text only), shared by the sweep tests."""
     from ernie5.config import load
     from ernie5.presets import resolve_config_path
-    from train.common.run_folder import checkpoint_dirs
+    from ernie5.store.checkpoint import checkpoint_dirs
     from train.pretrain.config import RunConfig
     from train.pretrain.loop import pretrain
 

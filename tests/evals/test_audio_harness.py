@@ -27,9 +27,9 @@ from evals.sweep import run_sweep
 def audio_ckpt(tmp_path_factory) -> Path:
     from ernie5.config import load
     from ernie5.presets import resolve_config_path
+    from ernie5.store.checkpoint import checkpoint_dirs
     from ernie5.tokenizers.audio_codec import AudioCodec
     from ernie5.tokenizers.audio_config import AudioCodecConfig
-    from train.common.run_folder import checkpoint_dirs
     from train.pretrain.config import RunConfig
     from train.pretrain.loop import pretrain
 
@@ -131,7 +131,7 @@ def test_sweep_over_audio_tasks(audio_ckpt, micro_text_ckpt, tmp_path):
 def micro_text_ckpt(tmp_path_factory) -> Path:
     from ernie5.config import load
     from ernie5.presets import resolve_config_path
-    from train.common.run_folder import checkpoint_dirs
+    from ernie5.store.checkpoint import checkpoint_dirs
     from train.pretrain.config import RunConfig
     from train.pretrain.loop import pretrain
 

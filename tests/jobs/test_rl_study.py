@@ -8,8 +8,9 @@ import pytest
 
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
+from ernie5.store.checkpoint import checkpoint_dirs
 from jobs.rl_study import STUDIES, run_study
-from train.common.run_folder import RunError, checkpoint_dirs
+from train.common.run_folder import RunError
 from train.pretrain.config import RunConfig
 from train.pretrain.loop import pretrain
 

@@ -23,29 +23,14 @@ from typing import Any, TypeVar
 
 from ernie5.config import ConfigError, from_dict, read_yaml, to_dict
 from ernie5.model.config import ModelConfig
-from ernie5.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from ernie5.store.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, load_checkpoint
 from ernie5.store.runs import read_jsonl, rewrite_jsonl
-
-CKPT_DIR = "checkpoints"
 
 C = TypeVar("C")
 
 
 class RunError(RuntimeError):
     """A run folder cannot be used as asked (one-line message)."""
-
-
-def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = Path(run_dir) / CKPT_DIR
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / "meta.json").is_file())
-
-
-def checkpoint_path(run_dir: Path, step: int) -> Path:
-    """Where the checkpoint of step ``step`` goes."""
-    return Path(run_dir) / CKPT_DIR / f"step_{step:08d}"
 
 
 def drop_old_checkpoints(run_dir: Path, keep: int) -> None:

@@ -67,6 +67,7 @@ from ernie5.model.moe import MoE, update_router_bias
 from ernie5.runtime.distributed import init_dist, pick_device
 from ernie5.sequence.segments import MODALITIES
 from ernie5.store.checkpoint import (
+    checkpoint_dir,
     load_checkpoint,
     load_train_state,
     save_checkpoint,
@@ -76,9 +77,7 @@ from ernie5.subnets.params import ParamReport, count_params
 from ernie5.tokenizers.text import TextTokenizer
 from train.common.optim import make_optimizer
 from train.common.run_folder import (
-    CKPT_DIR,
     RunError,
-    checkpoint_path,
     cut_metrics,
     drop_old_checkpoints,
     load_start,
@@ -478,7 +477,7 @@ class Trainer:
             return
         if not self.dist.main:
             return
-        path = checkpoint_path(self.run_dir, step)
+        path = checkpoint_dir(self.run_dir, step)
         state = {"step": step, "balance_ema": self.balance_ema}
         tensors = {"torch_rng": torch.get_rng_state()}
         save_checkpoint(
@@ -497,7 +496,7 @@ class Trainer:
         """Every process writes its shards (``train.pretrain.parallel.checkpoint``) into a hidden folder;
         the main process then publishes the checkpoint with the consolidated weights, the shards
         moved inside it, atomically."""
-        root = self.run_dir / CKPT_DIR
+        root = self.run_dir / "checkpoints"
         shards = root / f".step_{step:08d}.dcp-tmp"
         if self.dist.main:
             shutil.rmtree(shards, ignore_errors=True)
@@ -510,7 +509,7 @@ class Trainer:
             plain.load_state_dict({k: v.to("cpu", torch.float32) for k, v in full.items()})
             state = {"step": step, "balance_ema": self.balance_ema, "world_size": self.dist.world}
             save_checkpoint(
-                checkpoint_path(self.run_dir, step),
+                checkpoint_dir(self.run_dir, step),
                 plain,
                 tokenizer=self.tokenizer,
                 meta={

@@ -74,12 +74,17 @@ from ernie5.fast import apply_fast_paths
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
 from ernie5.runtime.distributed import pick_device
-from ernie5.store.checkpoint import CheckpointError, load_train_state, resolve_checkpoint, save_checkpoint
+from ernie5.store.checkpoint import (
+    CheckpointError,
+    checkpoint_dir,
+    load_train_state,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, write_atomic, write_json
 from train.common.optim import make_optimizer
 from train.common.run_folder import (
     RunError,
-    checkpoint_path,
     cut_metrics,
     drop_old_checkpoints,
     load_start,
@@ -574,7 +579,7 @@ class RLTrainer:
 
     # ---------------------------------------------------------------- loop
     def _checkpoint(self, step: int) -> None:
-        path = checkpoint_path(self.run_dir, step)
+        path = checkpoint_dir(self.run_dir, step)
         buf_state, routing = self.buffer.state()
         state = {
             "step": step,

@@ -78,7 +78,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def eval_model(run_dir) -> Ernie5EvalModel:
-    from train.common.run_folder import checkpoint_dirs
+    from ernie5.store.checkpoint import checkpoint_dirs
 
     return Ernie5EvalModel(load_checkpoint(checkpoint_dirs(run_dir)[-1]), batch_size=4)
 

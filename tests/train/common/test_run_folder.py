@@ -7,12 +7,11 @@ from dataclasses import replace
 import pytest
 
 from ernie5.config import dump
+from ernie5.store.checkpoint import checkpoint_dir, checkpoint_dirs
 from ernie5.store.runs import append_jsonl, read_jsonl
 from train.common.optim import OptimConfig
 from train.common.run_folder import (
     RunError,
-    checkpoint_dirs,
-    checkpoint_path,
     cut_metrics,
     drop_old_checkpoints,
     first_difference,
@@ -32,7 +31,7 @@ def _open(run_dir, cfg, resume):
 
 
 def _ckpt(run_dir, step):
-    path = checkpoint_path(run_dir, step)
+    path = checkpoint_dir(run_dir, step)
     path.mkdir(parents=True)
     (path / "meta.json").write_text("{}")
     return path

@@ -9,8 +9,8 @@ import pytest
 
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
-from ernie5.store.checkpoint import load_checkpoint
-from train.common.run_folder import RunError, checkpoint_dirs
+from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
+from train.common.run_folder import RunError
 from train.pretrain.config import RunConfig
 from train.pretrain.loop import pretrain
 

@@ -9,10 +9,10 @@ import torch
 
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
-from ernie5.store.checkpoint import load_checkpoint
+from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
 from ernie5.tokenizers.vision import VisionTokenizer
 from ernie5.tokenizers.vision_config import VisionTokenizerConfig
-from train.common.run_folder import RunError, checkpoint_dirs
+from train.common.run_folder import RunError
 from train.pretrain.config import RunConfig
 from train.pretrain.loop import pretrain
 

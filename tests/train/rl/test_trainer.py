@@ -13,8 +13,8 @@ import torch
 from ernie5.config import from_dict, load, to_dict
 from ernie5.presets import resolve_config_path
 from ernie5.sequence.context import context_document
-from ernie5.store.checkpoint import load_checkpoint
-from train.common.run_folder import RunError, checkpoint_dirs
+from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
+from train.common.run_folder import RunError
 from train.pretrain.config import ElasticConfig, RunConfig
 from train.pretrain.loop import pretrain
 from train.rl.buffer import Rollout

@@ -16,12 +16,11 @@ import evals.tasks  # noqa: F401  (registers the tasks)
 from ernie5.generation.audio import AudioSampling, generate_audio
 from ernie5.model.elastic import Subnet
 from ernie5.sequence.audio import decode_codes
-from ernie5.store.checkpoint import load_checkpoint
+from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
 from evals.api import MediaResult
 from evals.verifiers import TaskVerifier
 from tests.train.rl.rl_media import media_checkpoint, media_rl_config, step_records
 from tests.train.rl.test_trainer import ToyVerifier
-from train.common.run_folder import checkpoint_dirs
 from train.rl.buffer import Rollout
 from train.rl.config import RolloutConfig
 from train.rl.rollout_audio import unpack_frames

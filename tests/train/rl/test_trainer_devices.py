@@ -12,13 +12,12 @@ import torch
 
 import evals.tasks  # noqa: F401  (registers the tasks)
 import train.rl.trainer as rl
-from ernie5.store.checkpoint import load_checkpoint
+from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
 from tests.stand_in_device import stand_in_device
 from tests.train.rl.rl_media import media_checkpoint, media_rl_config, step_records
 from tests.train.rl.test_trainer import ToyVerifier
 from tests.train.rl.test_trainer_audio import ShortVerifier
 from tests.train.rl.test_trainer_image import RedVerifier
-from train.common.run_folder import checkpoint_dirs
 
 
 @pytest.mark.slow

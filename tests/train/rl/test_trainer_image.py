@@ -14,11 +14,10 @@ import torch
 import evals.tasks  # noqa: F401  (registers the tasks)
 from ernie5.generation.vision import generate_media
 from ernie5.model.elastic import Subnet
-from ernie5.store.checkpoint import load_checkpoint
+from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
 from evals.verifiers import TaskVerifier
 from tests.train.rl.rl_media import media_checkpoint, media_rl_config, step_records
 from tests.train.rl.test_trainer import ToyVerifier
-from train.common.run_folder import checkpoint_dirs
 from train.rl.buffer import Rollout
 from train.rl.config import ObjectiveConfig, RolloutConfig
 from train.rl.rollout_image import unpack_codes

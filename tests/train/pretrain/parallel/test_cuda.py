@@ -91,9 +91,8 @@ def test_rl_on_the_gpu_matches_the_cpu(tmp_path):
     recomputation of the behaviour log-probs agree with the CPU run, and the checkpoint loads on CPU."""
     from dataclasses import replace
 
-    from ernie5.store.checkpoint import load_checkpoint
+    from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
     from tests.train.rl.test_trainer import ToyVerifier, _cfg
-    from train.common.run_folder import checkpoint_dirs
     from train.rl.config import RLLoopConfig
     from train.rl.trainer import RLTrainer
 
