@@ -8,8 +8,9 @@ finished arm is kept, an interrupted one resumes from its newest checkpoint). Th
 
 Studies:
   * ``objective``: MISC + WPSM (the report's recipe), with and without routing replay, against MISC
-    without WPSM, GSPO (sequence clip, no token mismatch mask) and GRPO (token clip): entropy and
-    reward curves, and the train/inference mismatch each leaves.
+    without WPSM, the report's comparison arms GRPO-IcePop (token mismatch mask x token clip, Eq. 1)
+    and GSPO-IcePop (sequence mask x sequence clip, Eq. 2), and the mismatch-blind GSPO and GRPO:
+    entropy and reward curves, and the train/inference mismatch each leaves.
   * ``ahrl``: with and without adaptive hints: the no-hint success rate on the pool queries that were
     hard for the starting model, before and after.
   * ``scheduler``: U-RB, APRIL and synchronous rollouts on a long-tailed response-length mixture
@@ -29,12 +30,14 @@ from train.rl.trainer import rl, rl_config
 
 STUDIES: dict[str, dict] = {
     "objective": {
-        "title": "RL objective: MISC and WPSM against GSPO and GRPO",
+        "title": "RL objective: MISC and WPSM against GRPO-IcePop, GSPO-IcePop, GSPO and GRPO",
         "intro": "Same queries and budget per arm; entropy collapse shows as a falling entropy curve.",
         "arms": {
             "misc+wpsm": ["objective.wpsm=true"],
             "misc+wpsm-no-replay": ["objective.wpsm=true", "objective.routing_replay=false"],
             "misc": ["objective.wpsm=false"],
+            "grpo-icepop": ["objective.loss=grpo_icepop", "objective.wpsm=false"],
+            "gspo-icepop": ["objective.loss=gspo_icepop", "objective.wpsm=false"],
             "gspo": ["objective.loss=gspo", "objective.wpsm=false"],
             "grpo": ["objective.loss=grpo", "objective.wpsm=false"],
         },

@@ -70,12 +70,17 @@ class RolloutConfig:
 class ObjectiveConfig:
     """The actor loss and its masks (train.rl.objectives)."""
 
-    loss: Literal["misc", "gspo", "grpo"] = "misc"
-    """``misc``: token IcePop mask x sequence clip (the report's Eq. 3); ``gspo``/``grpo``: baselines."""
+    loss: Literal["misc", "grpo_icepop", "gspo_icepop", "gspo", "grpo"] = "misc"
+    """``misc``: token IcePop mask x sequence clip (the report's Eq. 3); ``grpo_icepop`` (Eq. 1: token
+    mask x token clip) and ``gspo_icepop`` (Eq. 2: sequence mask x sequence clip), the arms the report
+    argues MISC against; ``gspo`` / ``grpo``: the mismatch-blind baselines (``grpo`` as DAPO's token-mean)."""
     clip_low: float = 3e-4
-    """Sequence-ratio clip (misc, gspo); GRPO uses ``grpo_clip``."""
+    """Sequence-ratio clip ``[1 - clip_low, 1 + clip_high]`` (misc, gspo_icepop, gspo)."""
     clip_high: float = 4e-4
-    grpo_clip: float = 0.2
+    grpo_clip_low: float = 0.2
+    """Token-ratio clip ``[1 - grpo_clip_low, 1 + grpo_clip_high]`` (grpo, grpo_icepop); DAPO's
+    clip-higher is ``grpo_clip_high=0.28``."""
+    grpo_clip_high: float = 0.2
     icepop_low: float = 0.5
     icepop_high: float = 5.0
     minibatches: int = 2
@@ -95,11 +100,24 @@ class ObjectiveConfig:
     ahrl_max_fraction: float = 0.5
     ahrl_pass_cutoff: float = 0.5
     dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal from the loss."""
+    """DAPO dynamic sampling: groups whose rewards are all equal (no advantage signal) are dropped and
+    more groups are sampled until the batch holds ``rollout.queries_per_step`` groups with signal, or
+    ``dynamic_max_batches`` batches were sampled (then it trains on the groups it has)."""
+    dynamic_max_batches: int = 3
+    """Most batches sampled per iteration under dynamic sampling (DAPO's ``max_num_gen_batches``)."""
+    kl_coef: float = 0.0
+    """Weight of a KL penalty to the starting policy (``rl.init_from``) added to the loss; 0 = none
+    (DAPO and the report's MISC use none). The starting policy is kept as a frozen copy."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """``k1``: ``log pi/pi_ref``; ``k3``: ``pi_ref/pi - log(pi_ref/pi) - 1`` (low variance, verl's
+    ``low_var_kl``; train.rl.objectives.kl_to_reference)."""
 
     def __post_init__(self) -> None:
         check(0 <= self.clip_low < 1 and self.clip_high >= 0, "clip_low must be in [0, 1), clip_high >= 0")
-        check(0 < self.grpo_clip < 1, f"grpo_clip={self.grpo_clip} must be in (0, 1)")
+        check(0 < self.grpo_clip_low < 1, f"grpo_clip_low={self.grpo_clip_low} must be in (0, 1)")
+        check(self.grpo_clip_high > 0, f"grpo_clip_high={self.grpo_clip_high} must be > 0")
+        check(self.dynamic_max_batches >= 1, f"dynamic_max_batches={self.dynamic_max_batches} must be >= 1")
+        check(self.kl_coef >= 0, f"kl_coef={self.kl_coef} must be >= 0")
         check(0 < self.icepop_low <= 1 <= self.icepop_high, "need icepop_low <= 1 <= icepop_high, low > 0")
         check(self.minibatches >= 1, f"minibatches={self.minibatches} must be >= 1")
         check(0 <= self.wpsm_threshold <= 1, f"wpsm_threshold={self.wpsm_threshold} must be in [0, 1]")

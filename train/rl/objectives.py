@@ -9,12 +9,18 @@ from the policy being optimised (the only input that carries a gradient). Losses
 (``loss = -J``).
 
 The actor loss of the paper (MISC with WPSM and AHRL hints) is assembled as:
-  1. ``reward_BG`` -> :func:`dynamic_sampling_keep` drops groups with all-equal rewards (DAPO).
+  1. ``reward_BG`` -> :func:`dynamic_sampling_keep` finds groups with all-equal rewards (DAPO: the
+     trainer drops them and samples more groups to refill the batch).
   2. :func:`group_advantages` gives one advantage per response.
-  3. :func:`update_success_ema` and :func:`wpsm_mask` mark well-learned positive responses; their
-     sequence weight becomes ``1 - alpha * masked``.
+  3. :func:`update_success_ema` and :func:`wpsm_mask` mark well-learned positive-advantage responses;
+     their sequence weight becomes ``1 - alpha * masked``.
   4. :func:`hint_loss_mask` removes AHRL hint tokens from ``mask_BT``.
-  5. :func:`misc_loss`: token-level IcePop mismatch weight x sequence-level GSPO clip.
+  5. :func:`misc_loss`: token-level IcePop mismatch weight x sequence-level GSPO clip (Eq. 3).
+
+The comparison arms take the same inputs and the same sequence weight: :func:`grpo_icepop_loss` (Eq. 1:
+token IcePop x token clip), :func:`gspo_icepop_loss` (Eq. 2: sequence IcePop x sequence clip), and the
+mismatch-blind baselines :func:`grpo_loss` (DAPO token-mean, asymmetric clip) and :func:`gspo_loss`.
+:func:`kl_to_reference` is the optional KL to the starting policy (k1 / k3 estimators) any of them may add.
 
 References:
   * ERNIE 5.0 Technical Report (arXiv 2602.04705) §4.2 Eqs. 1-4 (GRPO-IcePop, GSPO-IcePop, MISC, WPSM)
@@ -26,7 +32,8 @@ References:
 Deviations:
   1. Group std is the sample std (Bessel, ``unbiased=True``), as in verl and TRL; a group of one
      response, or whose rewards are all equal, gets advantage exactly 0 instead of ``0 / eps``.
-  2. No KL term in any loss (DAPO and the report's Eq. 3 have none).
+  2. No KL term by default (DAPO and the report's Eq. 3 have none); :func:`kl_to_reference` is added by
+     the trainer only when asked (``objective.kl_coef > 0``), as verl's ``use_kl_loss``.
   3. MISC is written in the GSPO-token form (algorithms.md §6.4-6.5): the value of every token's ratio is
      ``s_i`` but its gradient goes through that token's own log-prob only, so the IcePop weight of a
      mismatched token removes that token's gradient instead of rescaling the whole sequence. The
@@ -36,8 +43,16 @@ Deviations:
      masked (padding) row neither contributes nor dilutes the loss.
   5. Defaults the report does not give: IcePop ``alpha, beta = 0.5, 5``; GSPO/MISC clip
      ``3e-4 / 4e-4``; GRPO clip ``0.2 / 0.2`` (pass ``clip_high=0.28`` for DAPO clip-higher); WPSM
-     ``tau = 0.75``, ``eta`` = 20th percentile of positive responses' mean entropies in the batch, masked
-     only when ``reward > 0``; AHRL ``p_init = 0.5``, hints only while ``pass_init < 0.5``.
+     ``tau = 0.75``, ``eta`` = 20th percentile of positive responses' mean entropies in the batch; a
+     response is "positive" when its advantage is > 0 (a reward > 0 is not: with graded rewards a
+     below-mean response has reward > 0 and a negative advantage); AHRL ``p_init = 0.5``, hints only
+     while ``pass_init < 0.5``.
+  7. GSPO-IcePop's sequence mismatch ratio is length-normalised, ``rho_i = exp(mean_j log rho_ij)`` (the
+     report's extraction is ambiguous; the geometric mean keeps one bound meaningful at every length,
+     as GSPO's ``s_i``). Its ``mismatch_masked_frac`` counts the valid tokens of the masked sequences, so
+     that it reads in the same unit as the token-level arms'.
+  8. GRPO-IcePop aggregates as Eq. 1 (sequence-mean of token-means); the mismatch-blind GRPO baseline
+     keeps DAPO's token-mean.
   6. WPSM's success rate is an EMA over iterations (``decay = 0`` gives the report's per-iteration
      ``acc_x^t`` computed from the current rollouts).
 """
@@ -136,6 +151,20 @@ def _seq_mean(term_B: Tensor, mask_BT: Tensor) -> Tensor:
     return (term_B * has_tokens_B).sum() / has_tokens_B.sum().clamp_min(1)
 
 
+def _weighted(term_B: Tensor, seq_weight_B: Tensor | None) -> Tensor:
+    """``term_B`` times the (detached) per-sequence weight, when one is given."""
+    return term_B if seq_weight_B is None else term_B * seq_weight_B.detach()
+
+
+def _icepop_weight(
+    logp_train_BT: Tensor, logp_infer_BT: Tensor, mask_BT: Tensor, low: float, high: float
+) -> tuple[Tensor, Tensor]:
+    """The token IcePop weight ``M(rho_bt) = rho_bt * keep_bt`` (no grad) and the dropped fraction."""
+    keep_BT, masked_frac = icepop_mask(logp_train_BT, logp_infer_BT, mask_BT, low, high)
+    rho_BT = torch.exp(logp_train_BT.detach() - logp_infer_BT.detach())
+    return rho_BT * keep_BT, masked_frac
+
+
 def misc_loss(
     logp_new_BT: Tensor,
     logp_old_BT: Tensor,
@@ -172,9 +201,7 @@ def misc_loss(
         Scalar loss ``-J`` and stats (detached 0-d tensors): ``clip_frac`` (fraction of sequences with a
         valid token whose clipped branch is active), ``mismatch_masked_frac`` (from :func:`icepop_mask`).
     """
-    keep_BT, mismatch_frac = icepop_mask(logp_old_BT, logp_infer_BT, mask_BT, icepop_low, icepop_high)
-    rho_BT = torch.exp(logp_old_BT.detach() - logp_infer_BT.detach())
-    weight_BT = rho_BT * keep_BT
+    weight_BT, mismatch_frac = _icepop_weight(logp_old_BT, logp_infer_BT, mask_BT, icepop_low, icepop_high)
     log_s_B = _row_mean(logp_new_BT.detach() - logp_old_BT.detach(), mask_BT).clamp(max=max_log_ratio)
     log_s_BT = log_s_B[:, None] + logp_new_BT - logp_new_BT.detach()
     s_BT = torch.exp(log_s_BT)
@@ -182,9 +209,7 @@ def misc_loss(
     unclipped_BT = adv_B1 * s_BT
     clipped_BT = adv_B1 * s_BT.clamp(1 - clip_low, 1 + clip_high)
     obj_BT = torch.minimum(unclipped_BT, clipped_BT)
-    term_B = _row_mean(weight_BT * obj_BT, mask_BT)
-    if seq_weight_B is not None:
-        term_B = term_B * seq_weight_B.detach()
+    term_B = _weighted(_row_mean(weight_BT * obj_BT, mask_BT), seq_weight_B)
     loss = -_seq_mean(term_B, mask_BT)
     s_B = log_s_B.exp()
     is_clipped_B = adv_B.detach() * s_B.clamp(1 - clip_low, 1 + clip_high) < adv_B.detach() * s_B
@@ -203,17 +228,19 @@ def grpo_loss(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    seq_weight_B: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Token-level PPO-clip with group advantages (GRPO / DAPO baseline), token-mean over valid tokens.
 
-    ``loss = -sum_{b,t valid} min(r_bt A_b, clip(r_bt, 1 - clip_low, 1 + clip_high) A_b) / n_valid`` with
-    ``r = exp(logp_new - logp_old)``; no KL (Deviation 2).
+    ``loss = -sum_{b,t valid} w_b min(r_bt A_b, clip(r_bt, 1 - clip_low, 1 + clip_high) A_b) / n_valid``
+    with ``r = exp(logp_new - logp_old)`` and ``w_b = seq_weight_B`` (default 1); no KL (Deviation 2).
 
     Args:
         logp_new_BT, logp_old_BT: ``(B, T)`` log-probs; only ``logp_new`` carries a gradient.
         adv_B: ``(B,)`` advantages, broadcast over tokens.
         mask_BT: ``(B, T)`` bool, loss-bearing tokens.
         clip_low, clip_high: token trust region (``clip_high = 0.28`` for DAPO clip-higher).
+        seq_weight_B: optional ``(B,)`` per-sequence weight (WPSM), on every token of its row.
 
     Returns:
         Scalar loss (0 with no valid token) and ``{"clip_frac"}``: fraction of valid tokens whose clipped
@@ -226,7 +253,8 @@ def grpo_loss(
     obj_BT = torch.minimum(unclipped_BT, clipped_BT)
     m = mask_BT.to(obj_BT.dtype)
     n_valid = m.sum().clamp_min(1.0)
-    loss = -(obj_BT * m).sum() / n_valid
+    w_BT = m if seq_weight_B is None else m * seq_weight_B.detach()[:, None]
+    loss = -(obj_BT * w_BT).sum() / n_valid
     clip_frac = ((clipped_BT < unclipped_BT) & mask_BT).sum() / n_valid
     return loss, {"clip_frac": clip_frac.detach()}
 
@@ -239,10 +267,12 @@ def gspo_loss(
     *,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
+    seq_weight_B: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Sequence-level clip (GSPO baseline): ``loss = -mean_b min(s_b A_b, clip(s_b, 1 - lo, 1 + hi) A_b)``.
+    """GSPO baseline (sequence clip): ``loss = -mean_b w_b min(s_b A_b, clip(s_b, 1 - lo, 1 + hi) A_b)``.
 
-    ``s_b`` is :func:`sequence_ratio`; the mean runs over rows with a valid token (Deviation 4).
+    ``s_b`` is :func:`sequence_ratio`, ``w_b = seq_weight_B`` (default 1); the mean runs over rows with a
+    valid token (Deviation 4).
 
     Returns:
         Scalar loss and ``{"clip_frac"}``: fraction of sequences whose clipped branch is active.
@@ -251,9 +281,112 @@ def gspo_loss(
     adv_B = adv_B.detach()
     unclipped_B = adv_B * s_B
     clipped_B = adv_B * s_B.clamp(1 - clip_low, 1 + clip_high)
-    loss = -_seq_mean(torch.minimum(unclipped_B, clipped_B), mask_BT)
+    loss = -_seq_mean(_weighted(torch.minimum(unclipped_B, clipped_B), seq_weight_B), mask_BT)
     clip_frac = _seq_mean((clipped_B < unclipped_B).float(), mask_BT)
     return loss, {"clip_frac": clip_frac.detach()}
+
+
+def grpo_icepop_loss(
+    logp_new_BT: Tensor,
+    logp_old_BT: Tensor,
+    logp_infer_BT: Tensor,
+    adv_B: Tensor,
+    mask_BT: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    icepop_low: float = 0.5,
+    icepop_high: float = 5.0,
+    seq_weight_B: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO-IcePop (report Eq. 1): token IcePop mismatch weight x token policy-ratio clip.
+
+    ``J = 1/G sum_i w_i/|y_i| sum_j M(rho_ij) min(r_ij A_i, clip(r_ij, 1 - clip_low, 1 + clip_high) A_i)``
+    with ``r_ij = exp(logp_new - logp_old)``, ``rho_ij = exp(logp_old - logp_infer)`` and ``M`` as in
+    :func:`misc_loss`; sequence-mean of token-means (Deviation 8).
+
+    Returns:
+        Scalar loss ``-J`` and stats ``clip_frac`` (fraction of valid tokens whose clipped branch is
+        active) and ``mismatch_masked_frac`` (:func:`icepop_mask`).
+    """
+    weight_BT, mismatch_frac = _icepop_weight(logp_old_BT, logp_infer_BT, mask_BT, icepop_low, icepop_high)
+    r_BT = token_ratio(logp_new_BT, logp_old_BT)
+    adv_B1 = adv_B.detach()[:, None]
+    unclipped_BT = adv_B1 * r_BT
+    clipped_BT = adv_B1 * r_BT.clamp(1 - clip_low, 1 + clip_high)
+    term_B = _weighted(_row_mean(weight_BT * torch.minimum(unclipped_BT, clipped_BT), mask_BT), seq_weight_B)
+    loss = -_seq_mean(term_B, mask_BT)
+    n_valid = mask_BT.sum().clamp_min(1)
+    clip_frac = ((clipped_BT < unclipped_BT) & mask_BT).sum() / n_valid
+    return loss, {"clip_frac": clip_frac.detach(), "mismatch_masked_frac": mismatch_frac.detach()}
+
+
+def gspo_icepop_loss(
+    logp_new_BT: Tensor,
+    logp_old_BT: Tensor,
+    logp_infer_BT: Tensor,
+    adv_B: Tensor,
+    mask_BT: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    icepop_low: float = 0.5,
+    icepop_high: float = 5.0,
+    seq_weight_B: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO-IcePop (report Eq. 2): sequence IcePop mismatch weight x sequence policy-ratio clip.
+
+    ``J = 1/G sum_i w_i M(rho_i) min(s_i A_i, clip(s_i, 1 - clip_low, 1 + clip_high) A_i)`` with
+    ``s_i`` from :func:`sequence_ratio` and the sequence mismatch ratio ``rho_i = exp(mean_j (logp_old -
+    logp_infer))`` (Deviation 7): a mismatched sequence loses its whole gradient, the mechanism the
+    report blames for this arm's entropy collapse.
+
+    Returns:
+        Scalar loss ``-J`` and stats ``clip_frac`` (fraction of sequences whose clipped branch is active)
+        and ``mismatch_masked_frac`` (valid tokens in masked sequences over all valid tokens).
+    """
+    rho_B = torch.exp(_row_mean(logp_old_BT.detach() - logp_infer_BT.detach(), mask_BT))
+    keep_B = (rho_B >= icepop_low) & (rho_B <= icepop_high)
+    s_B = sequence_ratio(logp_new_BT, logp_old_BT, mask_BT)
+    adv_B = adv_B.detach()
+    unclipped_B = adv_B * s_B
+    clipped_B = adv_B * s_B.clamp(1 - clip_low, 1 + clip_high)
+    term_B = _weighted(rho_B * keep_B * torch.minimum(unclipped_B, clipped_B), seq_weight_B)
+    loss = -_seq_mean(term_B, mask_BT)
+    n_tok_B = mask_BT.sum(-1)
+    masked_frac = (n_tok_B * ~keep_B).sum().float() / n_tok_B.sum().clamp_min(1).float()
+    clip_frac = _seq_mean((clipped_B < unclipped_B).float(), mask_BT)
+    return loss, {"clip_frac": clip_frac.detach(), "mismatch_masked_frac": masked_frac.detach()}
+
+
+def kl_to_reference(
+    logp_new_BT: Tensor, logp_ref_BT: Tensor, mask_BT: Tensor, estimator: str = "k3"
+) -> Tensor:
+    """Per-token estimate of ``KL(pi_theta || pi_ref)`` on the sampled tokens, averaged as the losses are
+    (sequence-mean of token-means); to be added to a loss as ``kl_coef * kl``.
+
+    ``k1 = log pi_theta - log pi_ref`` (unbiased, high variance, can be negative per token);
+    ``k3 = pi_ref / pi_theta - log(pi_ref / pi_theta) - 1`` (Schulman's low-variance estimator, >= 0; the
+    GRPO paper's and verl's ``low_var_kl``). The log-ratio in ``k3`` is clamped to ``[-20, 20]`` as verl does.
+
+    Args:
+        logp_new_BT: ``(B, T)`` current-policy log-probs (with grad).
+        logp_ref_BT: ``(B, T)`` log-probs of the same tokens under the starting policy (no grad).
+        mask_BT: ``(B, T)`` bool, loss-bearing tokens.
+        estimator: ``"k1"`` or ``"k3"``.
+
+    Returns:
+        0-d tensor (0 with no valid token).
+    """
+    log_ratio_BT = logp_new_BT - logp_ref_BT.detach()  # log pi_theta / pi_ref
+    if estimator == "k1":
+        kl_BT = log_ratio_BT
+    elif estimator == "k3":
+        neg_BT = (-log_ratio_BT).clamp(-20.0, 20.0)  # log pi_ref / pi_theta
+        kl_BT = torch.exp(neg_BT) - neg_BT - 1.0
+    else:
+        raise ValueError(f"kl estimator {estimator!r}: expected k1 or k3")
+    return _seq_mean(_row_mean(kl_BT, mask_BT), mask_BT)
 
 
 def update_success_ema(ema_Q: Tensor, query_idx_B: Tensor, success_B: Tensor, decay: float) -> Tensor:
@@ -281,7 +414,7 @@ def update_success_ema(ema_Q: Tensor, query_idx_B: Tensor, success_B: Tensor, de
 def wpsm_mask(
     success_ema_Q: Tensor,
     query_idx_B: Tensor,
-    reward_B: Tensor,
+    adv_B: Tensor,
     entropy_B: Tensor,
     threshold: float = 0.75,
     entropy_quantile: float = 0.2,
@@ -289,21 +422,22 @@ def wpsm_mask(
 ) -> Tensor:
     """Well-learned Positive Sample Mask (report Eq. 4): which responses WPSM removes.
 
-    Response ``b`` is masked iff ``success_ema[query_idx_b] > threshold`` and ``reward_b > 0`` and
-    ``entropy_b < eta``, where ``eta = entropy_threshold`` if given, else the ``entropy_quantile``
-    quantile (linear interpolation) of ``entropy_B`` over the positive responses of the batch. The
-    loss weight is ``1 - alpha * masked`` (``alpha = 1`` in the report's strongest form).
+    Response ``b`` is masked iff ``success_ema[query_idx_b] > threshold`` and ``adv_b > 0`` (a positive
+    sample: better than its group, Deviation 5) and ``entropy_b < eta``, where ``eta = entropy_threshold``
+    if given, else the ``entropy_quantile`` quantile (linear interpolation) of ``entropy_B`` over the
+    positive responses of the batch. The loss weight is ``1 - alpha * masked`` (``alpha = 1`` in the
+    report's strongest form).
 
     Args:
         success_ema_Q: ``(Q,)`` per-query success rate (:func:`update_success_ema`).
         query_idx_B: ``(B,)`` long query index of each response.
-        reward_B: ``(B,)`` rewards.
+        adv_B: ``(B,)`` group advantages (:func:`group_advantages`).
         entropy_B: ``(B,)`` mean token entropy of each response under the current policy.
 
     Returns:
         ``(B,)`` bool, True for masked (well-learned positive) responses.
     """
-    positive_B = reward_B > 0
+    positive_B = adv_B > 0
     if entropy_threshold is None:
         if not positive_B.any():
             return torch.zeros_like(positive_B)

@@ -324,7 +324,9 @@ class AudioRollouts(OutputRollouts):
         """The learner's batch (:func:`audio_learner_batch`; no routing replay for speech)."""
         return audio_learner_batch(rows, [self.prompt(r) for r in rows], self.audio_cfg)
 
-    def logprobs(self, batch: AudioLearnerBatch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(
+        self, batch: AudioLearnerBatch, subnet: Subnet, model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per generated frame (and END): log-prob and entropy summed over its levels
-        (:func:`audio_logprobs`)."""
-        return audio_logprobs(self.model, batch, subnet, self.temperature, self.audio_cfg.end_code)
+        (:func:`audio_logprobs`); under ``model`` instead of the policy when given."""
+        return audio_logprobs(model or self.model, batch, subnet, self.temperature, self.audio_cfg.end_code)

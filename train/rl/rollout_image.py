@@ -286,6 +286,9 @@ class ImageRollouts(OutputRollouts):
         prompts = [self.prompt(r) for r in rows]
         return image_learner_batch(rows, prompts, self.vision_tokenizer, self.vision_cfg)
 
-    def logprobs(self, batch: ImageLearnerBatch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per generated position: log-prob and entropy summed over its bits (:func:`image_logprobs`)."""
-        return image_logprobs(self.model, batch, subnet, self.temperature)
+    def logprobs(
+        self, batch: ImageLearnerBatch, subnet: Subnet, model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per generated position: log-prob and entropy summed over its bits (:func:`image_logprobs`);
+        under ``model`` instead of the policy when given."""
+        return image_logprobs(model or self.model, batch, subnet, self.temperature)

@@ -251,11 +251,14 @@ class TextRollouts(OutputRollouts):
         inputs = pack(docs, width, n_rows=len(rows), one_per_row=True).inputs
         return LearnerBatch(inputs, pos_BT, tok_BT, routing)
 
-    def logprobs(self, batch: LearnerBatch, subnet: Subnet) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(
+        self, batch: LearnerBatch, subnet: Subnet, model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs (with grad when enabled) and entropies of the response tokens, at the
-        sampling temperature, with the rollout's routing replayed when the batch has it."""
+        sampling temperature, with the rollout's routing replayed when the batch has it; under
+        ``model`` (the KL's reference policy) instead of the policy when given."""
         kwargs = {"routing_replay": batch.routing} if batch.routing is not None else {}
-        out = self.model(batch.inputs, subnet=subnet, **kwargs)
+        out = (model or self.model)(batch.inputs, subnet=subnet, **kwargs)
         rows = torch.arange(batch.pos_BT.shape[0], device=batch.pos_BT.device)[:, None]
         logits_BTV = out.logits_BTV[rows, batch.pos_BT].float() / self.temperature
         logp_BTV = torch.log_softmax(logits_BTV, dim=-1)

@@ -10,13 +10,16 @@ One iteration ``t``:
      ``rollout_audio``) from the policy's compute copy under the group's elastic sub-model (one sub-model
      per query group, sampled like pretraining's, so the post-trained model stays elastic).
   2. Rewards: each task's verifier (``evals.verifiers`` through ``ernie5 rl``: the harness's own scorer).
-  3. GRPO group advantages; optional DAPO dynamic sampling.
+  3. GRPO group advantages; optional DAPO dynamic sampling (groups without signal are dropped and more
+     are sampled to refill the batch, up to ``objective.dynamic_max_batches`` batches).
   4. The learner recomputes every response token's log-prob at the rollout weights (``logp_old``), with
      the rollout's expert routing replayed (``objective.routing_replay``), and its entropy.
   5. WPSM: each query's success rate (EMA over its visits) and the responses' entropies mask well-learned
      positives; AHRL hints were chosen at launch from the initial policy's pass rate on the query.
   6. ``objective.minibatches`` optimizer steps on the MISC loss (token IcePop mask from
-     ``logp_old`` vs the behaviour ``logp_infer`` x sequence clip), or the GSPO / GRPO baselines.
+     ``logp_old`` vs the behaviour ``logp_infer`` x sequence clip), or the report's comparison arms
+     (GRPO-IcePop, GSPO-IcePop) or the mismatch-blind GSPO / GRPO baselines, each with the WPSM (and
+     dynamic-sampling) weight; plus ``objective.kl_coef`` x the KL to the starting policy when asked.
   7. One ``metrics.jsonl`` record: reward, entropy, length, clip and mask fractions, hint fraction, the
      learner's idle time (generation time since the last update), the engine's slot use, per modality
      and per sampled sub-model.
@@ -55,6 +58,11 @@ Deviations:
      shipped reference, 80 RL steps with it on moved no harness score, the same budget without it
      raised ``reverse_l8`` by 0.16; the nightly's sub-models are swept after RL instead, to measure
      what they keep.
+  6. Dynamic sampling trains on at most ``rollout.queries_per_step`` groups with signal (a surplus from
+     the last batch sampled is dropped, as DAPO does); when every batch sampled had none, the iteration
+     trains on the last batch as it is (all advantages 0). The dropped groups update no WPSM success
+     rate. The KL's reference policy is the starting checkpoint (``rl.init_from``), loaded again on
+     resume, in the policy's compute dtype, with the rollout's routing replayed as the learner's.
 """
 
 from __future__ import annotations
@@ -98,8 +106,11 @@ from train.rl.objectives import (
     ahrl_hint_fraction,
     dynamic_sampling_keep,
     group_advantages,
+    grpo_icepop_loss,
     grpo_loss,
+    gspo_icepop_loss,
     gspo_loss,
+    kl_to_reference,
     misc_loss,
     update_success_ema,
     wpsm_mask,
@@ -238,6 +249,7 @@ class RLTrainer:
         self.precision = MixedPrecision(self.model, cfg.rl.dtype)
         apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
         policy, seed = self.precision.compute, cfg.rl.seed
+        self.reference = self._reference_policy(policy) if cfg.objective.kl_coef > 0 else None
 
         def query_of(q: int) -> Any:
             return self._query(q)[1]
@@ -285,6 +297,14 @@ class RLTrainer:
         )
         write_json(self.run_dir / "meta.json", meta)
         cut_metrics(self.run_dir, self.start_step)
+
+    def _reference_policy(self, policy: torch.nn.Module) -> torch.nn.Module:
+        """The KL's reference: the starting checkpoint, frozen, in the policy's dtype, device and mode."""
+        ref = load_start(self.cfg.rl.init_from, self.cfg.model, "rl.init_from").model
+        dtype = next(policy.parameters()).dtype
+        ref = ref.to(device=self.device, dtype=dtype).train(policy.training).requires_grad_(False)
+        apply_fast_paths(ref)
+        return ref
 
     # ---------------------------------------------------------------- queries
     def _key(self, q: int) -> int:
@@ -408,40 +428,76 @@ class RLTrainer:
         return out
 
     # ---------------------------------------------------------------- learner
-    def _loss(self, logp_new, logp_old, logp_infer, adv, mask, weight):
+    def _loss(self, logp_new, logp_old, logp_infer, adv, mask, weight, logp_ref=None):
+        """The configured objective on one learner batch (every arm with the same sequence weight), plus
+        the KL to the reference policy when ``objective.kl_coef > 0``."""
         obj = self.cfg.objective
-        if obj.loss == "misc":
-            return misc_loss(
-                logp_new,
-                logp_old,
-                logp_infer,
-                adv,
-                mask,
-                clip_low=obj.clip_low,
-                clip_high=obj.clip_high,
-                icepop_low=obj.icepop_low,
-                icepop_high=obj.icepop_high,
-                seq_weight_B=weight,
-            )
-        if obj.loss == "gspo":
-            loss, stats = gspo_loss(
-                logp_new, logp_old, adv, mask, clip_low=obj.clip_low, clip_high=obj.clip_high
+        seq_clip = {"clip_low": obj.clip_low, "clip_high": obj.clip_high}
+        tok_clip = {"clip_low": obj.grpo_clip_low, "clip_high": obj.grpo_clip_high}
+        icepop = {"icepop_low": obj.icepop_low, "icepop_high": obj.icepop_high}
+        if obj.loss in ("misc", "grpo_icepop", "gspo_icepop"):
+            fn = {"misc": misc_loss, "grpo_icepop": grpo_icepop_loss, "gspo_icepop": gspo_icepop_loss}
+            clip = tok_clip if obj.loss == "grpo_icepop" else seq_clip
+            loss, stats = fn[obj.loss](
+                logp_new, logp_old, logp_infer, adv, mask, **clip, **icepop, seq_weight_B=weight
             )
         else:
-            loss, stats = grpo_loss(
-                logp_new, logp_old, adv, mask, clip_low=obj.grpo_clip, clip_high=obj.grpo_clip
-            )
-        stats["mismatch_masked_frac"] = torch.tensor(0.0)
+            fn = gspo_loss if obj.loss == "gspo" else grpo_loss
+            clip = seq_clip if obj.loss == "gspo" else tok_clip
+            loss, stats = fn(logp_new, logp_old, adv, mask, **clip, seq_weight_B=weight)
+            stats["mismatch_masked_frac"] = torch.tensor(0.0)
+        if logp_ref is not None:
+            kl = kl_to_reference(logp_new, logp_ref, mask, obj.kl_estimator)
+            loss = loss + obj.kl_coef * kl
+            stats["kl"] = kl.detach()
         return loss, stats
 
-    def _learn(self, step: int, groups: list[list[Rollout]]) -> dict:
+    def _sample_batch(self) -> tuple[list[list[Rollout]], torch.Tensor, BatchStats, dict]:
+        """The iteration's groups and their ``(groups, G)`` rewards: one batch from the buffer, or under
+        DAPO dynamic sampling, the groups with signal from as many batches as it takes to fill one
+        (at most ``objective.dynamic_max_batches``; Deviation 6)."""
+        obj, want = self.cfg.objective, self.cfg.rollout.queries_per_step
+        total = BatchStats()
+        kept: list[list[Rollout]] = []
+        kept_rewards: list[torch.Tensor] = []
+        dropped: set[int] = set()
+        n_batches = n_sampled = 0
+        while True:
+            groups, stats = self.buffer.next_batch(self._launch, self._advance)
+            for f in fields(BatchStats):
+                setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+            rows = [r for g in groups for r in g]
+            rewards = torch.tensor(self._rewards(rows)).view(len(groups), -1)
+            n_batches += 1
+            n_sampled += len(groups)
+            if not obj.dynamic_sampling:
+                return groups, rewards, total, {}
+            signal = dynamic_sampling_keep(rewards).tolist()
+            for g, r, keep in zip(groups, rewards, signal, strict=True):
+                if keep and len(kept) < want:
+                    kept.append(g)
+                    kept_rewards.append(r)
+                else:
+                    dropped.update(x.query for x in g)
+            if len(kept) >= want or n_batches >= obj.dynamic_max_batches:
+                break
+        info = {"dynamic_batches": n_batches, "dynamic_dropped_frac": 1 - len(kept) / n_sampled}
+        if not kept:  # nothing with signal in any batch: the last one, as it is (advantages all 0)
+            kept, kept_rewards = groups, list(rewards)
+        self._forget(dropped - {x.query for g in kept for x in g})
+        return kept, torch.stack(kept_rewards), total, info
+
+    def _forget(self, queries: set[int]) -> None:
+        """Drop finished queries' cached prompts and state."""
+        for q in queries:
+            self._queries.pop(q, None)
+        for rollouts in self.rollouts.values():
+            rollouts.forget(queries)
+
+    def _learn(self, step: int, groups: list[list[Rollout]], rewards: torch.Tensor) -> dict:
         cfg, obj = self.cfg, self.cfg.objective
         rows = [r for g in groups for r in g]
-        rewards = torch.tensor(self._rewards(rows)).view(len(groups), -1)
         adv_B = group_advantages(rewards).reshape(-1)
-        keep_B = torch.ones(len(rows), dtype=torch.bool)
-        if obj.dynamic_sampling:
-            keep_B = dynamic_sampling_keep(rewards).repeat_interleave(len(groups[0]))
         reward_B = rewards.reshape(-1)
         # Sub-model of each row (its query group's), and the learner's view at the rollout weights.
         parts: dict[str, list[int]] = defaultdict(list)
@@ -467,10 +523,14 @@ class RLTrainer:
                     chunks.append((mb, key, rows_idx, ro, _on_device(batch, self.device)))  # moved once
         n_max = max(len(r.tokens) for r in rows)
         logp_old = torch.zeros(len(rows), n_max)
+        logp_ref = torch.zeros(len(rows), n_max) if self.reference is not None else None
         ent = torch.zeros(len(rows), n_max)
         for _, key, rows_idx, ro, batch in chunks:
             with torch.no_grad():
                 lp, en = ro.logprobs(batch, subnets[key])
+                if logp_ref is not None:
+                    lr, _ = ro.logprobs(batch, subnets[key], model=self.reference)
+                    logp_ref[rows_idx, : lr.shape[1]] = lr.float().cpu()
             logp_old[rows_idx, : lp.shape[1]] = lp.float().cpu()
             ent[rows_idx, : en.shape[1]] = en.float().cpu()
         mask = torch.zeros(len(rows), n_max, dtype=torch.bool)
@@ -492,8 +552,8 @@ class RLTrainer:
             self.success[k] = v
         masked_B = torch.zeros(len(rows), dtype=torch.bool)
         if obj.wpsm:
-            masked_B = wpsm_mask(ema, local, reward_B, ent_B, obj.wpsm_threshold, obj.wpsm_quantile)
-        weight_B = (1.0 - obj.wpsm_alpha * masked_B.float()) * keep_B.float()
+            masked_B = wpsm_mask(ema, local, adv_B, ent_B, obj.wpsm_threshold, obj.wpsm_quantile)
+        weight_B = 1.0 - obj.wpsm_alpha * masked_B.float()
         # Optimizer steps over the minibatches (rows k with k % n_mb == mb).
         stats_acc: dict[str, list[float]] = defaultdict(list)
         grad_norms = []
@@ -510,6 +570,7 @@ class RLTrainer:
                     adv_B[rows_idx].to(dev),
                     mask[rows_idx, :w].to(dev),
                     weight_B[rows_idx].to(dev),
+                    None if logp_ref is None else logp_ref[rows_idx, :w].to(dev),
                 )
                 (loss * len(rows_idx) / total).backward()
                 self.precision.accumulate_grads()
@@ -531,13 +592,13 @@ class RLTrainer:
             / max(1, len(stats_acc["mismatch_masked_frac"])),
             "logp_mismatch": float(((logp_old - logp_infer).abs() * mask).sum() / mask.sum()),
             "wpsm_masked_frac": float(masked_B.float().mean()),
-            "dynamic_dropped_frac": float(1 - keep_B.float().mean()),
             "hint_frac": sum(bool(r.hint) for r in rows) / len(rows),
             "staleness": float(
                 sum(step - v for r in rows for v in r.versions) / max(1, sum(len(r.versions) for r in rows))
             ),
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "train_s": train_s,
+            **({"kl": sum(stats_acc["kl"]) / len(stats_acc["kl"])} if stats_acc.get("kl") else {}),
             "queries": sorted({r.query for r in rows}),
         }
         by_task, by_mod, by_out = defaultdict(list), defaultdict(list), defaultdict(list)
@@ -570,11 +631,7 @@ class RLTrainer:
             key: {**dims_of[key], "n": len(idx), "reward": float(reward_B[idx].mean())}
             for key, idx in sorted(parts.items())
         }
-        done = {r.query for r in rows}
-        for q in done:
-            self._queries.pop(q, None)
-        for rollouts in self.rollouts.values():
-            rollouts.forget(done)
+        self._forget({r.query for r in rows})
         return rec
 
     # ---------------------------------------------------------------- loop
@@ -627,10 +684,10 @@ class RLTrainer:
             for g in self.optimizer.param_groups:
                 g["lr"] = lr
             t0 = time.perf_counter()
-            groups, stats = self.buffer.next_batch(self._launch, self._advance)
+            groups, rewards, stats, dynamic = self._sample_batch()
             gen_s = time.perf_counter() - t0
-            rec = self._learn(step, groups)
-            rec = {"step": step + 1, "lr": lr, **rec, **_batch_stats(stats, gen_s)}
+            rec = self._learn(step, groups, rewards)
+            rec = {"step": step + 1, "lr": lr, **rec, **dynamic, **_batch_stats(stats, gen_s)}
             last = rec
             if (step + 1) % cfg.rl.log_every == 0 or step + 1 == cfg.rl.steps:
                 append_jsonl(self.run_dir / "metrics.jsonl", rec)

@@ -247,19 +247,30 @@ def test_update_success_ema_parity():
 def test_wpsm_mask_parity_and_semantics():
     ema = torch.tensor([0.9, 0.5, 0.8])
     idx = torch.tensor([0, 0, 0, 1, 1, 2, 2, 0])
-    reward = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, -1.0, 1.0])
+    adv = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, -1.0, 1.0])
     ent = torch.tensor([0.1, 0.9, 0.05, 0.1, 0.2, 0.3, 0.01, 0.5])
-    got = rlo.wpsm_mask(ema, idx, reward, ent, threshold=0.75, entropy_threshold=0.4)
+    got = rlo.wpsm_mask(ema, idx, adv, ent, threshold=0.75, entropy_threshold=0.4)
     naive = [
-        ema[q].item() > 0.75 and r > 0 and h < 0.4
-        for q, r, h in zip(idx.tolist(), reward.tolist(), ent.tolist())
+        ema[q].item() > 0.75 and a > 0 and h < 0.4
+        for q, a, h in zip(idx.tolist(), adv.tolist(), ent.tolist())
     ]
     assert got.tolist() == naive == [True, False, False, False, False, True, False, False]
     # quantile eta over positive entropies (sorted 0.1 0.1 0.2 0.3 0.5 0.9; q=0.5 -> 0.25)
-    got_q = rlo.wpsm_mask(ema, idx, reward, ent, threshold=0.75, entropy_quantile=0.5)
+    got_q = rlo.wpsm_mask(ema, idx, adv, ent, threshold=0.75, entropy_quantile=0.5)
     assert got_q.tolist() == [True, False, False, False, False, False, False, False]
-    none = rlo.wpsm_mask(ema, idx, -reward.abs(), ent)
+    none = rlo.wpsm_mask(ema, idx, -adv.abs(), ent)
     assert not none.any()
+
+
+def test_wpsm_never_masks_a_below_mean_response_of_a_graded_reward():
+    """Graded rewards (tts, t2i, asr): the 0.5 response of [1, 1, 1, 1, 0.5] has reward > 0 but a
+    negative advantage; it is a negative sample and must keep its gradient (it was masked before)."""
+    reward_BG = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.5]])
+    adv_B = rlo.group_advantages(reward_BG).reshape(-1)
+    assert adv_B[4] < -1.7
+    ema = torch.tensor([0.8])  # four of five successes: well learned
+    got = rlo.wpsm_mask(ema, torch.zeros(5, dtype=torch.long), adv_B, torch.zeros(5), entropy_threshold=1.0)
+    assert got.tolist() == [True, True, True, True, False]
 
 
 def test_ahrl_hint_fraction_parity():
@@ -287,3 +298,116 @@ def test_hint_loss_mask_excludes_hint_tokens():
     assert torch.all(new.grad[~got] == 0)
     grpo, _ = rlo.grpo_loss(new, old, adv, mask & got)
     assert torch.autograd.grad(grpo, new)[0][~got].abs().sum() == 0
+
+
+def _naive_token_terms(new, old, infer, mask, adv, lo, hi, a=None, b_=None):
+    """Per row: the list of per-token clipped objectives, each times its IcePop weight when bounds given."""
+    rows = []
+    for b in range(len(new)):
+        terms = []
+        for t in range(len(new[b])):
+            if not mask[b][t]:
+                continue
+            r = math.exp(new[b][t] - old[b][t])
+            obj = min(adv[b] * r, adv[b] * min(max(r, 1 - lo), 1 + hi))
+            if a is not None:
+                rho = math.exp(old[b][t] - infer[b][t])
+                obj *= rho if a <= rho <= b_ else 0.0
+            terms.append(obj)
+        rows.append(terms)
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grpo_icepop_loss_parity(seed):
+    new, old, infer, mask, adv = _rand(seed=seed, scale=0.6)
+    mask[2] = False
+    w = torch.tensor([1.0, 0.0, 0.5, 1.0])
+    loss, stats = rlo.grpo_icepop_loss(
+        new, old, infer, adv, mask, clip_low=0.2, clip_high=0.28, seq_weight_B=w
+    )
+    rows = _naive_token_terms(*(x.tolist() for x in (new, old, infer, mask, adv)), 0.2, 0.28, 0.5, 5.0)
+    terms = [sum(r) / len(r) * w[b].item() for b, r in enumerate(rows) if r]
+    assert loss.item() == pytest.approx(-sum(terms) / len(terms), rel=1e-5)
+    keep, frac = rlo.icepop_mask(old, infer, mask)
+    assert stats["mismatch_masked_frac"].item() == pytest.approx(frac.item())
+    assert 0 < frac.item() < 1
+    # no mismatch: IcePop weights 1, so it is GRPO with the sequence-mean of token-means
+    same, st = rlo.grpo_icepop_loss(new, old, old, adv, mask)
+    rows = _naive_token_terms(*(x.tolist() for x in (new, old, old, mask, adv)), 0.2, 0.2)
+    terms = [sum(r) / len(r) for r in rows if r]
+    assert (
+        same.item() == pytest.approx(-sum(terms) / len(terms), rel=1e-5) and st["mismatch_masked_frac"] == 0
+    )
+
+
+def test_grpo_icepop_drops_the_gradient_of_mismatched_tokens_only():
+    new, old, infer, mask, adv = _rand(seed=3, scale=0.8)
+    new.requires_grad_()
+    loss, _ = rlo.grpo_icepop_loss(new, old, infer, adv, mask)
+    loss.backward()
+    keep, _ = rlo.icepop_mask(old, infer, mask)
+    assert torch.all(new.grad[~keep] == 0) and new.grad[keep].abs().sum() > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gspo_icepop_loss_parity_and_sequence_mask(seed):
+    new, old, infer, mask, adv = _rand(seed=seed, scale=0.05)
+    infer[0] = old[0] + 1.0  # sequence 0: rho_0 = e^-1 < 0.5, masked whole
+    new.requires_grad_()
+    w = torch.tensor([1.0, 1.0, 0.25, 1.0])
+    loss, stats = rlo.gspo_icepop_loss(
+        new, old, infer, adv, mask, clip_low=0.01, clip_high=0.02, seq_weight_B=w
+    )
+    n, o, i, m = new.tolist(), old.tolist(), infer.tolist(), mask.tolist()
+    s = _naive_seq_ratio(n, o, m)
+    terms, masked_tokens = [], 0
+    for b in range(4):
+        vals = [o[b][t] - i[b][t] for t in range(len(o[b])) if m[b][t]]
+        rho = math.exp(sum(vals) / len(vals))
+        keep = 0.5 <= rho <= 5.0
+        masked_tokens += 0 if keep else len(vals)
+        a = adv[b].item()
+        terms.append(w[b].item() * (rho if keep else 0.0) * min(a * s[b], a * min(max(s[b], 0.99), 1.02)))
+    assert loss.item() == pytest.approx(-sum(terms) / 4, rel=1e-5)
+    assert stats["mismatch_masked_frac"].item() == pytest.approx(masked_tokens / mask.sum().item())
+    loss.backward()
+    assert torch.all(new.grad[0] == 0) and new.grad[1:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("fn", ["grpo_loss", "gspo_loss"])
+def test_the_baselines_take_the_sequence_weight(fn):
+    """WPSM's weight reaches every objective: a zero weight removes its row from the loss and gradient."""
+    new, old, _, mask, adv = _rand(seed=8, scale=0.3 if fn == "grpo_loss" else 1e-5)  # inside the clip
+    new.requires_grad_()
+    w = torch.tensor([1.0, 0.0, 1.0, 0.5])
+    loss, _ = getattr(rlo, fn)(new, old, adv, mask, seq_weight_B=w)
+    plain, _ = getattr(rlo, fn)(new, old, adv, mask)
+    assert loss.item() != pytest.approx(plain.item())
+    (grad,) = torch.autograd.grad(loss, new)
+    assert torch.all(grad[1] == 0) and grad[0].abs().sum() > 0
+    (grad_plain,) = torch.autograd.grad(plain, new)
+    assert torch.allclose(grad[3], 0.5 * grad_plain[3]) and torch.allclose(grad[0], grad_plain[0])
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_to_reference_parity(estimator):
+    new, ref, _, mask, _ = _rand(seed=9, scale=0.4)
+    mask[3] = False
+    new.requires_grad_()
+    kl = rlo.kl_to_reference(new, ref, mask, estimator)
+    rows = []
+    for b in range(4):
+        vals = []
+        for t in range(new.shape[1]):
+            if mask[b, t]:
+                x = new[b, t].item() - ref[b, t].item()
+                vals.append(x if estimator == "k1" else math.exp(-x) + x - 1)
+        if vals:
+            rows.append(sum(vals) / len(vals))
+    assert kl.item() == pytest.approx(sum(rows) / len(rows), rel=1e-5)
+    kl.backward()
+    assert torch.all(new.grad[~mask] == 0)
+    assert rlo.kl_to_reference(ref, ref, mask, estimator).item() == pytest.approx(0.0, abs=1e-7)
+    with pytest.raises(ValueError, match="expected k1 or k3"):
+        rlo.kl_to_reference(new, ref, mask, "k2")

@@ -19,6 +19,7 @@ from train.pretrain.config import ElasticConfig, RunConfig
 from train.pretrain.loop import pretrain
 from train.rl.buffer import Rollout
 from train.rl.config import ObjectiveConfig, RLLoopConfig, RLRunConfig, RolloutConfig
+from train.rl.objectives import group_advantages
 from train.rl.rollout_text import Prompt, RolloutEngine, rollout_document
 from train.rl.trainer import RLTrainer, rl_config
 
@@ -192,3 +193,115 @@ def test_rl_config_takes_the_checkpoints_model_and_overrides(micro_ckpt, tmp_pat
     assert to_dict(cfg.model) == to_dict(load_checkpoint(micro_ckpt, fast=False).cfg)
     assert cfg.rl.steps == 3 and cfg.rollout.scheduler == "april" and cfg.rl.init_from == str(micro_ckpt)
     assert from_dict(RLRunConfig, to_dict(cfg)) == cfg
+
+
+class GradedVerifier(ToyVerifier):
+    """A graded reward, as tts, t2i and asr give: 1 with an ``e``, else 0.5 (never 0)."""
+
+    def reward(self, query: ToyQuery, text: str) -> float:
+        return 1.0 if "e" in text else 0.5
+
+
+LOSSES = ("misc", "grpo_icepop", "gspo_icepop", "gspo", "grpo")
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_every_objective_applies_the_sequence_weight(micro_ckpt, tmp_path, loss):
+    """WPSM's weight reaches the loss of every arm (GSPO and GRPO dropped it): a zero weight gives a zero
+    loss and no gradient, half the weight half the loss."""
+    cfg = _cfg(micro_ckpt, objective=ObjectiveConfig(loss=loss))
+    trainer = RLTrainer(cfg, tmp_path / "rl", {"toy": ToyVerifier()}, quiet=True)
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 6, generator=g) - 0.1
+    new = (old + 1e-5 * torch.randn(4, 6, generator=g)).requires_grad_()  # inside every clip
+    infer = old + 0.01 * torch.randn(4, 6, generator=g)
+    adv, mask = torch.tensor([1.0, -0.5, 0.7, -1.2]), torch.ones(4, 6, dtype=torch.bool)
+    zero, _ = trainer._loss(new, old, infer, adv, mask, torch.zeros(4))
+    assert zero.item() == 0.0
+    (grad,) = torch.autograd.grad(zero, new, allow_unused=True, materialize_grads=True)
+    assert torch.all(grad == 0)
+    full, _ = trainer._loss(new, old, infer, adv, mask, torch.ones(4))
+    half, _ = trainer._loss(new, old, infer, adv, mask, torch.full((4,), 0.5))
+    assert full.item() != 0 and half.item() == pytest.approx(full.item() / 2, rel=1e-6)
+
+
+def test_wpsm_masks_only_responses_better_than_their_group(micro_ckpt, tmp_path, monkeypatch):
+    """With graded rewards every response has reward > 0; only those with a positive advantage are
+    positive samples, so WPSM never masks a below-mean response (it masked any reward > 0 before)."""
+    import train.rl.trainer as trainer_module
+
+    masks, rewards = [], []
+    real_mask = trainer_module.wpsm_mask
+    monkeypatch.setattr(
+        trainer_module, "wpsm_mask", lambda *a, **k: masks.append(real_mask(*a, **k)) or masks[-1]
+    )
+    cfg = _cfg(
+        micro_ckpt,
+        objective=ObjectiveConfig(loss="grpo", minibatches=1, wpsm_threshold=0.0, wpsm_quantile=0.99),
+    )
+    trainer = RLTrainer(cfg, tmp_path / "rl", {"toy": GradedVerifier()}, quiet=True)
+    real_rewards = trainer._rewards
+    monkeypatch.setattr(trainer, "_rewards", lambda rows: rewards.append(real_rewards(rows)) or rewards[-1])
+    trainer.run()
+    group = cfg.rollout.group_size
+    step_rewards = [r for r in rewards if len(r) == cfg.rollout.queries_per_step * group]
+    assert len(step_rewards) == len(masks) == cfg.rl.steps
+    n_masked = 0
+    for reward, masked in zip(step_rewards, masks, strict=True):
+        adv = group_advantages(torch.tensor(reward).view(-1, group)).reshape(-1)
+        assert torch.all(adv[masked] > 0), (reward, masked)
+        n_masked += int(masked.sum())
+    assert n_masked > 0  # the test exercised the mask
+
+
+class HalfBlindVerifier(ToyVerifier):
+    """Even queries: reward 0 whatever the response (a group with no signal); odd: the toy reward."""
+
+    def reward(self, query: ToyQuery, text: str) -> float:
+        return 0.0 if int(query.context.split()[2]) % 2 == 0 else float("e" in text)
+
+
+def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal(micro_ckpt, tmp_path, monkeypatch):
+    """DAPO dynamic sampling: groups whose rewards are all equal leave the batch and more groups are
+    sampled to refill it; before, they stayed in the batch (zero-weighted) and nothing was resampled."""
+    cfg = _cfg(
+        micro_ckpt,
+        rl=RLLoopConfig(steps=3, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=100),
+        objective=ObjectiveConfig(dynamic_sampling=True, dynamic_max_batches=6, wpsm=False),
+        rollout=RolloutConfig(queries_per_step=3, group_size=6, chunk=2, pool_size=0),
+    )
+    trainer = RLTrainer(cfg, tmp_path / "rl", {"toy": HalfBlindVerifier()}, quiet=True)
+    trained = []
+    real_learn = trainer._learn
+    monkeypatch.setattr(
+        trainer,
+        "_learn",
+        lambda step, groups, rewards: trained.append(rewards) or real_learn(step, groups, rewards),
+    )
+    trainer.run()
+    recs = _records(tmp_path / "rl")
+    assert len(trained) == 3
+    for rewards, rec in zip(trained, recs, strict=True):
+        if rewards.shape[0] == 3:  # filled: every group carries signal
+            assert torch.all(rewards.amax(-1) != rewards.amin(-1)), rewards
+        assert rec["dynamic_batches"] >= 2 and rec["dynamic_dropped_frac"] >= 0.5 - 1e-9
+        assert rec["rows_by_task"]["toy"] == rewards.numel()
+    assert any(r.shape[0] == 3 for r in trained)
+
+
+@pytest.mark.parametrize("loss", ["grpo_icepop", "gspo_icepop"])
+def test_the_icepop_arms_and_a_kl_to_the_start_train(micro_ckpt, tmp_path, loss):
+    cfg = _cfg(
+        micro_ckpt,
+        rl=RLLoopConfig(steps=2, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=100),
+        objective=ObjectiveConfig(loss=loss, kl_coef=0.1, kl_estimator="k3", grpo_clip_high=0.28),
+    )
+    trainer = RLTrainer(cfg, tmp_path / "rl", {"toy": ToyVerifier()}, quiet=True)
+    trainer.run()
+    recs = _records(tmp_path / "rl")
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(r["kl"] >= 0 and r["kl"] == r["kl"] for r in recs) and recs[-1]["kl"] > 0
+    start = load_checkpoint(micro_ckpt, fast=False).model.state_dict()
+    ref = trainer.reference.state_dict()
+    assert all(torch.equal(ref[k], start[k].to(ref[k].dtype)) for k in start)  # the frozen start
+    assert not any(p.requires_grad for p in trainer.reference.parameters())
