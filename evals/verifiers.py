@@ -15,8 +15,9 @@ The RL stage (``train.rl``) never imports the harness; the job that starts it (`
   multiple-choice tasks parse the response with :func:`evals.answers.match_choice` and compare with the gold
   choice the harness uses. A lower-is-better per-example metric such as an error rate ``(errors, words)``
   becomes ``1 - min(1, errors / words)``.
-* ``hint``: the reference response of the query (GSM8K's worked solution, otherwise the answer itself), the
-  text AHRL takes its hint prefix from.
+* ``reference``: a correct response (GSM8K's worked solution, otherwise the answer itself).
+* ``skeleton``: AHRL's thinking skeleton of the query (:mod:`evals.hints`: the first steps of a worked
+  solution, never its answer; empty where the task has no reasoning to show).
 
 Image generation (``t2i_shapes``): the query asks for an image (``Query.output == "image"``, with the
 task's own guidance scale); the RL stage samples it through NFSP (``train.rl.rollout_image``) and hands the
@@ -54,7 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,10 @@ from ernie5.data.vision_sources import (
     SHAPE_MOTION_QUESTION,
     shapes_prompt,
 )
+from evals import hints
 from evals.answers import match_choice
 from evals.api import GenerationRequest, GenerationResult, MediaPart, MediaResult, SpeechGenerationRequest
+from evals.hints import NONE, Skeleton
 from evals.task import TASKS, Example, Task
 from evals.tasks.audio_generation import TtsDigits, TtsDtmf
 from evals.tasks.audio_items import AudioExample
@@ -110,8 +113,8 @@ class Query:
     modality: str
     max_new_tokens: int
     stop: tuple[str, ...]
-    hint: str
-    """The reference response AHRL takes its hint prefix from."""
+    reference: str
+    """A correct response (the reward of it is 1)."""
     example: Example = field(repr=False, compare=False)
     output: str = "text"
     """What the response is: ``"text"``, ``"image"`` (one image generated through NFSP; the reward is
@@ -121,6 +124,8 @@ class Query:
     """Classifier-free guidance scale of an image response (the harness's for the task)."""
     speaker: str = ""
     """The speaker of an audio response (a seen FSDD speaker's name; "" = the generic start)."""
+    skeleton: Skeleton = NONE
+    """AHRL's thinking skeleton (:mod:`evals.hints`): steps of a solution, never its answer."""
 
 
 class VerifierError(ValueError):
@@ -223,7 +228,8 @@ class TaskVerifier:
                     break
             qa = qas[0]
             media = shapes.render(scene, IMAGE_SIZE)
-            return choice_example(f"rl-{index}", media, qa.question, qa.choices, qa.answer)
+            ex = choice_example(f"rl-{index}", media, qa.question, qa.choices, qa.answer)
+            return replace(ex, info={"scene": scene})
         if isinstance(task, VideoShapes):
             shape = shapes.random_scene(rng, n_shapes=1).shapes[0]
             direction = rng.choice(DIRECTIONS)
@@ -287,12 +293,32 @@ class TaskVerifier:
                 self._pool = read_babi_qa1(self.data_dir, "train")
             elif self.name == "gsm8k":
                 self._pool = read_gsm8k(self.data_dir, "train")
-                self._pool_index = {f"rl-{it.id}": i for i, it in enumerate(self._pool)}
             else:
                 self._pool = read_svamp(self.data_dir, "train")
+            if isinstance(self.task, (BabiQA1, MathWordTask)):
+                self._pool_index = {f"rl-{it.id}": i for i, it in enumerate(self._pool)}
         return self._pool
 
+    def _skeleton(self, ex: Example) -> Skeleton:
+        """The query's thinking skeleton (:mod:`evals.hints`; none for tasks without one)."""
+        task = self.task
+        if isinstance(task, ProceduralTask):
+            return hints.procedural(ex.prompt)
+        if isinstance(task, ShapesVQA) and not task.relational:
+            return hints.shapes_attribute(ex.info["scene"], ex.prompt, ex.target)
+        if isinstance(task, (BabiQA1, MathWordTask)):
+            item = self._train_pool()[self._pool_index[ex.id]]
+            if isinstance(task, BabiQA1):
+                return hints.babi_qa1(item.story, item.question)
+            if self.name == "gsm8k":
+                return hints.gsm8k(strip_calculator_annotations(item.solution))
+            return hints.svamp(item.equation)
+        return NONE
+
     def _as_query(self, ex: Example) -> Query:
+        return replace(self._bare_query(ex), skeleton=hints.safe(self._skeleton(ex), ex.target))
+
+    def _bare_query(self, ex: Example) -> Query:
         task = self.task
         if isinstance(task, TextToImageShapes):
             # the harness's guidance scale for this task (its MediaGenerationRequest's)

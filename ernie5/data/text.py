@@ -99,6 +99,8 @@ class MathItem:
     solution: str
     """Worked solution without the final ``#### N`` line (GSM8K; "" for SVAMP)."""
     answer: str
+    equation: str = ""
+    """The equation that gives the answer (SVAMP's ``Equation``, ``"( 76.0 - 25.0 )"``; "" for GSM8K)."""
 
 
 @dataclass(frozen=True)
@@ -381,7 +383,8 @@ def svamp_items(rows: Rows, split: str, where: str | Path = "rows") -> list[Math
         body = body if body.endswith((".", "?", "!")) else body + "."
         value = float(obj["Answer"])
         answer = str(int(value)) if value.is_integer() else repr(value)
-        items.append(MathItem(str(obj["ID"]), f"{body} {str(obj['Question']).strip()}", "", answer))
+        question = f"{body} {str(obj['Question']).strip()}"
+        items.append(MathItem(str(obj["ID"]), question, "", answer, str(obj.get("Equation") or "")))
     return items
 
 

@@ -9,6 +9,7 @@ import pytest
 from ernie5.config import load
 from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import checkpoint_dirs
+from evals.hints import Skeleton
 from jobs.rl_study import STUDIES, run_study
 from train.common.run_folder import RunError
 from train.pretrain.config import RunConfig
@@ -17,7 +18,8 @@ from train.pretrain.loop import pretrain
 
 class _Query:
     def __init__(self, index: int) -> None:
-        self.context, self.max_new_tokens, self.stop, self.hint = f"Q: {index % 5}\nA:", 3, ("\n",), " ee"
+        self.context, self.max_new_tokens, self.stop = f"Q: {index % 5}\nA:", 3, ("\n",)
+        self.skeleton = Skeleton(("two e", "ee"))
 
 
 class _Verifier:

@@ -95,7 +95,8 @@ class ObjectiveConfig:
     wpsm_decay: float = 0.0
     """EMA decay of each query's success rate (0 = the current iteration's rate, the report's acc_x^t)."""
     ahrl: bool = False
-    """Adaptive hints: a prefix of the reference response appended to hard queries' prompts (needs a
+    """Adaptive hints: the first steps of each hard query's thinking skeleton (evals.hints: partial
+    reasoning, never the answer) appended to its prompt, their share decaying for every query (needs a
     finite query pool, ``rollout.pool_size > 0``, for the starting model's pass rates)."""
     ahrl_max_fraction: float = 0.5
     ahrl_pass_cutoff: float = 0.5

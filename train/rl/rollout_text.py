@@ -166,8 +166,9 @@ class RolloutEngine:
         return done_steps, sampled
 
     def response_text(self, r: Rollout, stops: tuple[str, ...]) -> str:
-        """The response as the harness would read it: hint + tokens (EOS dropped), cut at the stops."""
-        toks = [t for t in r.hint + r.tokens if t != EOS]
+        """The response as the harness would read it: the sampled tokens (EOS dropped; an AHRL hint is
+        prompt, not response), cut at the stops."""
+        toks = [t for t in r.tokens if t != EOS]
         return cut_at_stop(self.tokenizer.decode(toks), stops)
 
 

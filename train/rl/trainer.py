@@ -38,9 +38,12 @@ References:
 Deviations:
   1. AHRL's ``pass_init`` is the initial full model's success rate over ``G`` samples (a pass@1
      estimate) measured once over a finite query pool (``rollout.pool_size``) before the first update;
-     the hint is a prefix of the reference *response* (the tasks have no separate thinking trace). The
-     same measure after the last update (``pass_final``, no hints) gives the accuracy on the queries that
-     were hard (``pass_init < ahrl_pass_cutoff``) and easy at the start.
+     the hint is the first ``round(p_hint x n)`` of the query's ``n`` thinking-skeleton steps
+     (``evals.hints``: partial reasoning, never the answer; queries without a skeleton get none), and
+     ``pass_init`` is floored at ``1 / G`` in the decay so that every hint decays, solved or not (the
+     report's formula keeps a never-solved query's hint forever). The same measure after the last
+     update (``pass_final``, no hints) gives the accuracy on the queries that were hard (``pass_init <
+     ahrl_pass_cutoff``), sparse (``pass_init <= 0.1``) and easy at the start.
   2. The aux-free router bias is frozen during RL (no balancing updates: RL should not move routing by
      a rule of its own).
   3. A response is a success for WPSM when its reward is 1 (the best a verifier gives).
@@ -119,6 +122,8 @@ from train.rl.rollout_audio import AudioRollouts
 from train.rl.rollout_image import ImageRollouts
 from train.rl.rollout_text import TextRollouts
 
+SPARSE_PASS = 0.1
+"""A pool query whose starting pass rate is at most this has sparse rewards (AHRL's target)."""
 OUTPUTS = ("text", "image", "audio")
 """What a query asks for (``Query.output``), in the order the engines run and the learner's batches
 are built."""
@@ -148,7 +153,7 @@ class Verifier(Protocol):
 
     def query(self, index: int, seed: int) -> Any:
         """Query ``index`` of the seeded training stream (``context``, ``max_new_tokens``, ``stop``,
-        ``hint``)."""
+        ``skeleton``: AHRL's steps, with ``text(k)`` the hint of the first ``k``)."""
 
     def reward(self, query: Any, text: str) -> float:
         """The reward of response ``text`` (cut at the query's stop strings)."""
@@ -344,10 +349,12 @@ class RLTrainer:
                 step=step,
                 gamma=gamma,
                 pass_cutoff=obj.ahrl_pass_cutoff,
+                pass_floor=1.0 / self.cfg.rollout.group_size,
             )
         )
-        ref = self.tokenizer.encode(self._query(q)[1].hint)
-        return ref[: int(round(frac * len(ref)))]
+        skeleton = self._query(q)[1].skeleton
+        text = skeleton.text(int(round(frac * len(skeleton.steps))))
+        return self.tokenizer.encode(text) if text else []
 
     def _launch(self, q: int) -> list[Rollout]:
         hint = self._hint_ids(q, self.buffer.step)
@@ -401,6 +408,7 @@ class RLTrainer:
     def _pass_event(self, name: str, values: dict[int, float], seconds: float) -> dict:
         cut = self.cfg.objective.ahrl_pass_cutoff
         hard = [values[k] for k, v in self.pass_init.items() if v < cut]
+        sparse = [values[k] for k, v in self.pass_init.items() if v <= SPARSE_PASS]
         easy = [values[k] for k, v in self.pass_init.items() if v >= cut]
         return {
             "step": self.start_step if name == "pass_init" else self.cfg.rl.steps,
@@ -409,6 +417,8 @@ class RLTrainer:
             "mean": sum(values.values()) / len(values),
             "hard_mean": sum(hard) / len(hard) if hard else None,
             "easy_mean": sum(easy) / len(easy) if easy else None,
+            "sparse_mean": sum(sparse) / len(sparse) if sparse else None,
+            "n_sparse": len(sparse),
             "n_hard": len(hard),
             "n_easy": len(easy),
         }

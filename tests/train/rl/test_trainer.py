@@ -14,6 +14,7 @@ from ernie5.config import from_dict, load, to_dict
 from ernie5.presets import resolve_config_path
 from ernie5.sequence.context import context_document
 from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
+from evals.hints import Skeleton
 from train.common.run_folder import RunError
 from train.pretrain.config import ElasticConfig, RunConfig
 from train.pretrain.loop import pretrain
@@ -29,7 +30,7 @@ class ToyQuery:
     context: str
     max_new_tokens: int = 4
     stop: tuple[str, ...] = ("\n",)
-    hint: str = " eee"
+    skeleton: Skeleton = Skeleton(("the answer has an e", "eee"))
 
 
 class ToyVerifier:
@@ -305,3 +306,17 @@ def test_the_icepop_arms_and_a_kl_to_the_start_train(micro_ckpt, tmp_path, loss)
     ref = trainer.reference.state_dict()
     assert all(torch.equal(ref[k], start[k].to(ref[k].dtype)) for k in start)  # the frozen start
     assert not any(p.requires_grad for p in trainer.reference.parameters())
+
+
+def test_ahrl_hints_are_skeleton_steps_and_decay_for_never_solved_queries(micro_ckpt, tmp_path):
+    """A hard query gets the first steps of its skeleton (prompt, not response), and the hint decays
+    even when the query was never solved (pass_init 0 kept the whole hint forever before)."""
+    cfg = _cfg(micro_ckpt)
+    trainer = RLTrainer(cfg, tmp_path / "rl", {"toy": ToyVerifier()}, quiet=True)
+    trainer._setup()
+    trainer.pass_init = {trainer._key(3): 0.0}
+    first = trainer._hint_ids(3, step=0)
+    assert trainer.tokenizer.decode(first) == ToyQuery("").skeleton.text(1) == " [the answer has an e]"
+    assert trainer._hint_ids(3, step=cfg.rl.steps) == []  # decayed: 0.5 exp(-8 ln2 / G) x 2 steps < 0.5
+    r = Rollout(3, 0, hint=first, tokens=trainer.tokenizer.encode(" ok"))
+    assert trainer.rollouts["text"].answers([r]) == [" ok"]  # the reward reads the response only

@@ -140,4 +140,7 @@ def test_tts_training_prompts_are_held_out_from_the_evaluated_ones():
     evaluated = {ex.prompt for ex in TASKS.get("tts_dtmf")(n_examples=5000).all_examples(None)}
     queries = [verifier.query(i, 0) for i in range(200)]
     assert not {q.context for q in queries} & evaluated
-    assert all(q.output == "audio" and q.hint == "" and q.max_new_tokens > 0 for q in queries)
+    assert all(
+        q.output == "audio" and q.reference == "" and not q.skeleton.steps and q.max_new_tokens > 0
+        for q in queries
+    )
