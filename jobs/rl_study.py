@@ -31,7 +31,12 @@ from train.rl.trainer import rl, rl_config
 STUDIES: dict[str, dict] = {
     "objective": {
         "title": "RL objective: MISC and WPSM against GRPO-IcePop, GSPO-IcePop, GSPO and GRPO",
-        "intro": "Same queries and budget per arm; entropy collapse shows as a falling entropy curve.",
+        "intro": (
+            "Same queries and budget per arm; entropy collapse shows as a falling entropy curve. "
+            "Rollouts come from the bf16 inference replica and the learner scores in fp32, so there is "
+            "a real train/inference mismatch for IcePop and MISC to correct."
+        ),
+        "common": ["rollout.engine=inference", "rl.dtype=fp32"],
         "arms": {
             "misc+wpsm": ["objective.wpsm=true"],
             "misc+wpsm-no-replay": ["objective.wpsm=true", "objective.routing_replay=false"],

@@ -46,6 +46,17 @@ class RolloutConfig:
     and tts_digits more than 1.0 did, and 1.0 cost tts_dtmf exact matches (README, Post-training)."""
     image_cfg_scale: float = -1.0
     """Guidance scale of image rollouts (< 0: each image task's own, the scale the harness samples with)."""
+    engine: Literal["inference", "learner"] = "inference"
+    """Who samples the rollouts. ``inference``: an inference replica of the policy, as production RL
+    has (a separate engine): bf16 weights refreshed from the master after every optimizer step, a bf16
+    KV cache and the fused decoding kernels (the path ``ernie5 generate`` serves), while the learner
+    scores with the training path at ``rl.dtype``; the two disagree in their log-probs and, at times,
+    their expert choices, which IcePop, MISC and routing replay exist to correct. ``learner``: the
+    learner's own compute copy samples (no train/inference mismatch on fresh tokens). Measured on a
+    micro model (README, Post-training): with ``rl.dtype=fp32`` the fresh-token mismatch is a mean
+    |log-prob gap| of 0.004 and about 1 % of routing decisions differ; with ``rl.dtype=bf16`` the
+    replica computes exactly what the learner does (this project's fused decoding reproduces the
+    training path bit for bit), so a real mismatch needs the fp32 learner."""
     pool_size: int = 0
     """Distinct queries, cycled in order (0 = an endless stream of fresh queries). A finite pool lets
     WPSM's success rate and AHRL's pass rate refer to queries seen before."""

@@ -252,6 +252,27 @@ class TextRollouts(OutputRollouts):
         inputs = pack(docs, width, n_rows=len(rows), one_per_row=True).inputs
         return LearnerBatch(inputs, pos_BT, tok_BT, routing)
 
+    @torch.no_grad()
+    def routing_disagreement(self, rows: list[Rollout], subnet: Subnet, device) -> tuple[int, int]:
+        """How many of the rollouts' routing decisions (MoE layer x fed position) the learner, routing
+        afresh at the same weights, makes differently (another top-k set), and how many there are."""
+        batch = self.learner_batch(rows, replay=False)
+        inputs = batch.inputs.to(device)
+        out = self.model(inputs, subnet=subnet)
+        width = inputs.ids_BT.shape[1]
+        n_diff = n_all = 0
+        for layer, ro in out.routing.items():
+            ids_BTA = ro.expert_ids_NA.view(len(rows), width, -1).sort(-1).values.cpu()
+            for k, r in enumerate(rows):
+                fed = r.routing.get(layer)
+                if fed is None or not len(fed):
+                    continue
+                n = len(fed)
+                same = (ids_BTA[k, :n] == fed.long().sort(-1).values).all(-1)
+                n_diff += int((~same).sum())
+                n_all += n
+        return n_diff, n_all
+
     def logprobs(
         self, batch: LearnerBatch, subnet: Subnet, model: torch.nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,12 @@ One iteration ``t``:
   3. GRPO group advantages; optional DAPO dynamic sampling (groups without signal are dropped and more
      are sampled to refill the batch, up to ``objective.dynamic_max_batches`` batches).
   4. The learner recomputes every response token's log-prob at the rollout weights (``logp_old``), with
-     the rollout's expert routing replayed (``objective.routing_replay``), and its entropy.
+     the rollout's expert routing replayed (``objective.routing_replay``), and its entropy. Rollouts come
+     from an inference replica (``rollout.engine``: bf16 weights synced after every step, bf16 KV
+     cache, fused decoding), so ``logp_old`` and the behaviour ``logp_infer`` differ as between two
+     engines; the record logs that mismatch per output and modality and the routing disagreement (the
+     share of text-token routing decisions whose top-k set differs between the engine and the learner
+     routing afresh).
   5. WPSM: each query's success rate (EMA over its visits) and the responses' entropies mask well-learned
      positives; AHRL hints were chosen at launch from the initial policy's pass rate on the query.
   6. ``objective.minibatches`` optimizer steps on the MISC loss (token IcePop mask from
@@ -70,6 +75,7 @@ Deviations:
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -255,6 +261,7 @@ class RLTrainer:
         apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
         policy, seed = self.precision.compute, cfg.rl.seed
         self.reference = self._reference_policy(policy) if cfg.objective.kl_coef > 0 else None
+        self.inference = self._inference_replica() if ro.engine == "inference" else None
 
         def query_of(q: int) -> Any:
             return self._query(q)[1]
@@ -291,6 +298,9 @@ class RLTrainer:
                 temperature=ro.audio_temperature,
                 seed=seed,
             )
+        if self.inference is not None:
+            for rollouts in self.rollouts.values():
+                rollouts.engine.model = self.inference  # the engines sample; the learner keeps `policy`
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.run_dir / "config.yaml", dump(cfg))
         meta = provenance(cfg.rl.seed)
@@ -310,6 +320,25 @@ class RLTrainer:
         ref = ref.to(device=self.device, dtype=dtype).train(policy.training).requires_grad_(False)
         apply_fast_paths(ref)
         return ref
+
+    def _inference_replica(self) -> torch.nn.Module:
+        """The rollout engine's own copy of the policy: bf16, fused decoding, no gradients; its
+        parameters and buffers are paired with the master's for :meth:`_sync_inference`."""
+        master = self.model
+        replica = copy.deepcopy(master).to(torch.bfloat16).requires_grad_(False)
+        self._inference_pairs = (
+            [*replica.parameters(), *replica.buffers()],
+            [*master.parameters(), *master.buffers()],
+        )
+        apply_fast_paths(replica)
+        return replica
+
+    @torch.no_grad()
+    def _sync_inference(self) -> None:
+        """Weight sync: the master's weights into the inference replica (after every optimizer step)."""
+        if self.inference is not None:
+            dst, src = self._inference_pairs
+            torch._foreach_copy_(dst, src)
 
     # ---------------------------------------------------------------- queries
     def _key(self, q: int) -> int:
@@ -543,6 +572,13 @@ class RLTrainer:
                     logp_ref[rows_idx, : lr.shape[1]] = lr.float().cpu()
             logp_old[rows_idx, : lp.shape[1]] = lp.float().cpu()
             ent[rows_idx, : en.shape[1]] = en.float().cpu()
+        flips = [0, 0]  # routing decisions that differ, all decisions (text rows: the ones with routing)
+        for _, key, rows_idx, ro, _batch in chunks:
+            if isinstance(ro, TextRollouts):
+                n_diff, n_all = ro.routing_disagreement(
+                    [rows[k] for k in rows_idx], subnets[key], self.device
+                )
+                flips[0], flips[1] = flips[0] + n_diff, flips[1] + n_all
         mask = torch.zeros(len(rows), n_max, dtype=torch.bool)
         logp_infer = torch.zeros(len(rows), n_max)
         for k, r in enumerate(rows):
@@ -589,6 +625,7 @@ class RLTrainer:
             grad_norms.append(self.precision.step(self.optimizer, cfg.optim.grad_clip))
             self.optimizer.zero_grad(set_to_none=True)
             self.precision.sync()
+            self._sync_inference()
         train_s = time.perf_counter() - t0
         # Record.
         lens = torch.tensor([len(r.tokens) for r in rows], dtype=torch.float)
@@ -601,6 +638,7 @@ class RLTrainer:
             "mismatch_masked_frac": sum(stats_acc["mismatch_masked_frac"])
             / max(1, len(stats_acc["mismatch_masked_frac"])),
             "logp_mismatch": float(((logp_old - logp_infer).abs() * mask).sum() / mask.sum()),
+            "routing_disagreement": flips[0] / flips[1] if flips[1] else None,
             "wpsm_masked_frac": float(masked_B.float().mean()),
             "hint_frac": sum(bool(r.hint) for r in rows) / len(rows),
             "staleness": float(
@@ -613,6 +651,13 @@ class RLTrainer:
         }
         by_task, by_mod, by_out = defaultdict(list), defaultdict(list), defaultdict(list)
         ent_task, ent_mod, ent_out = defaultdict(list), defaultdict(list), defaultdict(list)
+        gap_mod, gap_out = defaultdict(list), defaultdict(list)  # per-token |logp_old - logp_infer|
+        gap_BT = (logp_old - logp_infer).abs()
+        for k, r in enumerate(rows):
+            task, _ = self._query(r.query)
+            gap = gap_BT[k, : len(r.tokens)].tolist()
+            gap_mod[self.verifiers[task].modality].extend(gap)
+            gap_out[output_B[k]].extend(gap)
         for k, r in enumerate(rows):
             task, _ = self._query(r.query)
             mod = self.verifiers[task].modality
@@ -631,6 +676,8 @@ class RLTrainer:
         rec["entropy_by_modality"] = means(ent_mod)
         rec["entropy_by_task"] = means(ent_task)
         rec["reward_by_output"] = means(by_out)
+        rec["logp_mismatch_by_modality"] = means(gap_mod)
+        rec["logp_mismatch_by_output"] = means(gap_out)
         rec["entropy_by_output"] = means(ent_out)
         if "image" in output_B:
             bits = self.cfg.model.vision.latent_bits

@@ -27,12 +27,15 @@ def media_checkpoint(folder: Path) -> Path:
 
 
 def media_rl_config(ckpt: Path, tasks: dict[str, float], steps: int = 3, **sections) -> RLRunConfig:
-    """A few fp32 steps of 2 queries x 3 responses over ``ckpt``; ``sections`` replace whole sections."""
+    """A few fp32 steps of 2 queries x 3 responses over ``ckpt``; ``sections`` replace whole sections.
+    The learner's own copy samples (``rollout.engine=learner``), so that the first step's learner
+    log-probs equal the behaviour ones exactly: the check that each output's learner batch lays out
+    what the engine sampled."""
     base = RLRunConfig(
         model=load_checkpoint(ckpt, fast=False).cfg,
         tasks=tasks,
         rl=RLLoopConfig(steps=steps, init_from=str(ckpt), dtype="fp32", ckpt_every=2),
-        rollout=RolloutConfig(queries_per_step=2, group_size=3, chunk=2, max_new_tokens=4),
+        rollout=RolloutConfig(queries_per_step=2, group_size=3, chunk=2, max_new_tokens=4, engine="learner"),
         objective=ObjectiveConfig(minibatches=2),
         elastic=ElasticConfig(enabled=False),
         optim=replace(RLRunConfig().optim, lr=1e-3),

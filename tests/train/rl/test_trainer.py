@@ -320,3 +320,35 @@ def test_ahrl_hints_are_skeleton_steps_and_decay_for_never_solved_queries(micro_
     assert trainer._hint_ids(3, step=cfg.rl.steps) == []  # decayed: 0.5 exp(-8 ln2 / G) x 2 steps < 0.5
     r = Rollout(3, 0, hint=first, tokens=trainer.tokenizer.encode(" ok"))
     assert trainer.rollouts["text"].answers([r]) == [" ok"]  # the reward reads the response only
+
+
+def test_rollouts_from_an_inference_replica_differ_from_the_learner(micro_ckpt, tmp_path):
+    """``rollout.engine=inference``: a bf16, fused-decoding replica samples while the fp32 learner scores,
+    so the train/inference mismatch on fresh tokens is real (it is exactly 0 when the learner's own copy
+    samples), small, and logged per output and modality with the routing disagreement; the replica
+    follows the master after every optimizer step."""
+    recs = {}
+    for engine in ("learner", "inference"):
+        cfg = _cfg(
+            micro_ckpt,
+            rl=RLLoopConfig(steps=2, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=100),
+            rollout=RolloutConfig(queries_per_step=4, group_size=4, chunk=2, pool_size=8, engine=engine),
+        )
+        trainer = RLTrainer(cfg, tmp_path / engine, {"toy": ToyVerifier()}, quiet=True)
+        trainer.run()
+        recs[engine] = [r for r in _records(tmp_path / engine) if "event" not in r]
+    first = {e: r[0] for e, r in recs.items()}
+    assert first["learner"]["staleness"] == 0 == first["inference"]["staleness"]
+    assert first["learner"]["logp_mismatch"] < 1e-5
+    assert 1e-4 < first["inference"]["logp_mismatch"] < 0.1
+    assert first["inference"]["logp_mismatch_by_output"].keys() == {"text"}
+    assert first["inference"]["logp_mismatch_by_modality"]["text"] == pytest.approx(
+        first["inference"]["logp_mismatch"], rel=1e-5
+    )
+    for rec in recs["inference"]:
+        assert 0 <= rec["routing_disagreement"] <= 1
+    assert first["learner"]["routing_disagreement"] == 0  # same engine, same routing
+    master = trainer.model.state_dict()
+    replica = trainer.inference.state_dict()
+    assert all(replica[k].dtype == torch.bfloat16 for k in master if master[k].is_floating_point())
+    assert all(torch.equal(replica[k], master[k].to(replica[k].dtype)) for k in master)  # synced

@@ -56,7 +56,9 @@ def test_tts_reward_is_the_judges_score_of_the_generated_speech(mm_ckpt, tmp_pat
     """The trainer's reward of a speech rollout = 1 - min(1, WER) of what the task's Goertzel judge hears
     in the decoded waveform, and the codes are generate_audio's for the prompt and seed."""
     verifier = TaskVerifier("tts_dtmf")
-    cfg = media_rl_config(mm_ckpt, {"tts_dtmf": 1.0}, rollout=RolloutConfig(queries_per_step=2, group_size=3))
+    cfg = media_rl_config(
+        mm_ckpt, {"tts_dtmf": 1.0}, rollout=RolloutConfig(queries_per_step=2, group_size=3, engine="learner")
+    )
     trainer = RLTrainer(cfg, tmp_path / "rl", {"tts_dtmf": verifier})
     trainer._setup()
     rows = [Rollout(0, s) for s in range(3)]

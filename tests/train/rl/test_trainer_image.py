@@ -114,7 +114,9 @@ def test_images_mix_with_text_tasks_and_resume_exactly(mm_ckpt, tmp_path):
         mm_ckpt,
         tasks,
         steps=4,
-        rollout=RolloutConfig(queries_per_step=2, group_size=3, chunk=2, max_new_tokens=4, lookahead=2),
+        rollout=RolloutConfig(
+            queries_per_step=2, group_size=3, chunk=2, max_new_tokens=4, lookahead=2, engine="learner"
+        ),
     )
 
     def verifiers():
