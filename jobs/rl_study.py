@@ -1,8 +1,11 @@
 """``ernie5 rl-study STUDY``: the RL ablations, each one command and one report section.
 
-Every arm is an ``ernie5 rl`` run in ``OUT/<arm>`` from the same checkpoint, with the same queries,
-seed and budget; only the arm's own settings differ. A killed study continues where it stopped (a
-finished arm is kept, an interrupted one resumes from its newest checkpoint). The section
+Every arm is ``--seeds`` (default 3) ``ernie5 rl`` runs in ``OUT/<arm>/seed_<s>`` from the same
+checkpoint, with the same queries and budget; seed ``s`` is ``rl.seed`` (the query stream, sampling and
+sub-models), the same seeds for every arm, so that only the arm's own settings differ. The report gives
+each figure as a mean with its 95 % interval over seeds and tests every arm against the first. A killed
+study continues where it stopped (a finished run is kept, an interrupted one resumes from its newest
+checkpoint). The section
 (``OUT/report.md``, ``OUT/report.html``, ``OUT/curves.png``, ``OUT/summary.json``) is
 :func:`reports.rl.write_report`.
 
@@ -87,22 +90,31 @@ def run_study(
     *,
     overrides: list[str] = (),
     config: str | None = None,
+    seeds: int = 3,
     quiet: bool = False,
 ) -> Path:
-    """Run (or continue) every arm of ``study`` and write its section; returns ``OUT/report.md``.
+    """Run (or continue) every arm of ``study`` over ``seeds`` seeds and write its section; returns
+    ``OUT/report.md``. Seeds start at the configured ``rl.seed`` (0 unless overridden).
 
     ``verifiers_for(cfg)`` builds the verifiers of a run config's tasks (the job layer owns them).
     """
     if study not in STUDIES:
         raise RunError(f"unknown rl study {study!r} (studies: {', '.join(STUDIES)})")
+    if seeds < 1:
+        raise RunError(f"--seeds {seeds}: expected at least 1")
     spec = STUDIES[study]
     out = Path(out)
-    arms = {}
+    arms: dict[str, list[Path]] = {}
     for arm, arm_overrides in spec["arms"].items():
-        cfg = rl_config(checkpoint, config, [*spec.get("common", []), *overrides, *arm_overrides])
-        run_dir = out / arm
-        if not _finished(run_dir, cfg.rl.steps, needs_pass=cfg.rollout.pool_size > 0):
-            resume = (run_dir / "config.yaml").exists()
-            rl(cfg, run_dir, verifiers_for(cfg), resume=resume, quiet=quiet)
-        arms[arm] = run_dir
+        settings = [*spec.get("common", []), *overrides, *arm_overrides]
+        if (out / arm / "config.yaml").is_file():
+            raise RunError(f"{out / arm}: a one-seed study from before seeds; start a new --out")
+        first = rl_config(checkpoint, config, settings).rl.seed
+        for seed in range(first, first + seeds):
+            cfg = rl_config(checkpoint, config, [*settings, f"rl.seed={seed}"])
+            run_dir = out / arm / f"seed_{seed}"
+            if not _finished(run_dir, cfg.rl.steps, needs_pass=cfg.rollout.pool_size > 0):
+                resume = (run_dir / "config.yaml").exists()
+                rl(cfg, run_dir, verifiers_for(cfg), resume=resume, quiet=quiet)
+            arms.setdefault(arm, []).append(run_dir)
     return write_report(spec["title"], arms, out, spec.get("intro", ""))

@@ -11,20 +11,31 @@ the share of each task among the trained responses (overall, and of the rarest t
 first six steps: APRIL's batches drift from the data order there), the policy-version lag of the
 trained tokens, the fractions masked by IcePop and WPSM and
 clipped, and the full model's no-hint success rate on the
-query pool before and after RL, split into the queries that were hard and easy at the start.
+query pool before and after RL, split into the queries that were hard, sparse (pass rate <= 0.1)
+and easy at the start.
+
+Seeds: an arm may be several runs (one per seed). Each figure is then the mean over seeds with its 95 %
+t-interval (``mean ± half-width``), the curves are the seeds' mean, and a *Differences* section tests
+every other arm against the first (the study's reference arm) on the claims' figures (final reward,
+final and lowest entropy, the hard and sparse queries' final pass rates): Welch's t-test over seeds,
+Holm-adjusted over the section, significant at 0.05.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from ernie5.store.runs import read_jsonl, write_atomic
-from reports import plots
+from reports import paired, plots
 from reports.render.document import Document, Figure, Section, Table
 from reports.render.files import write_figures
 from reports.render.html import to_html
@@ -46,8 +57,18 @@ COLUMNS = (
     ("wpsm_masked_frac", "WPSM masked"),
     ("clip_frac", "clipped"),
     ("pass_hard", "hard queries: pass init → final"),
+    ("pass_sparse", "sparse queries: pass init → final"),
     ("pass_easy", "easy queries: pass init → final"),
 )
+CLAIMS = (
+    ("reward_last", "reward (last 10)"),
+    ("entropy_last", "entropy (last 10)"),
+    ("entropy_min", "entropy min"),
+    ("pass_hard_final", "hard queries: final pass"),
+    ("pass_sparse_final", "sparse queries: final pass"),
+)
+"""The figures the Differences section tests (the paper's claims: reward, entropy, hard-query pass)."""
+ALPHA = 0.05
 
 
 def read_metrics(run: Path) -> tuple[list[dict], dict[str, dict]]:
@@ -111,70 +132,176 @@ def _summary_row(run: Path, steps: list[dict], events: dict[str, dict]) -> dict:
             shares = [r["rows_by_task"].get(rare, 0) / sum(r["rows_by_task"].values()) for r in steps[:6]]
             row["rare_share"] = f"{rare}: " + " ".join(f"{x:.2f}" for x in shares)
     init, final = events.get("pass_init"), events.get("pass_final")
-    for part in ("hard", "easy"):
-        if init and final and init.get(f"{part}_mean") is not None:
+    for part in ("hard", "sparse", "easy"):
+        if init and final and init.get(f"{part}_mean") is not None and final.get(f"{part}_mean") is not None:
             row[f"pass_{part}"] = (init[f"{part}_mean"], final[f"{part}_mean"], init[f"n_{part}"])
+            row[f"pass_{part}_final"] = final[f"{part}_mean"]
     return row
+
+
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % t-interval over seeds (NaN with fewer than two)."""
+    x = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
+    if len(x) == 0:
+        return math.nan, math.nan
+    if len(x) < 2:
+        return float(x.mean()), math.nan
+    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return float(x.mean()), half
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """One arm's row over its seeds: every number as ``(mean, half-width, n)``, pass rates as
+    ``((init mean, half), (final mean, half), n queries)``, text cells from the first seed."""
+    out: dict = {"steps": rows[0]["steps"], "seeds": len(rows)}
+    for key in {k for r in rows for k in r}:
+        values = [r[key] for r in rows if key in r]
+        if key.startswith("pass_") and not key.endswith("_final"):
+            out[key] = (interval([v[0] for v in values]), interval([v[1] for v in values]), values[0][2])
+        elif all(isinstance(v, (int, float)) for v in values) and key != "steps":
+            out[key] = (*interval(values), len(values))
+        elif key != "steps":
+            out[key] = values[0]
+    return out
+
+
+def _num(mean: float, half: float) -> str:
+    return f"{mean:.3f}" if math.isnan(half) else f"{mean:.3f} ± {half:.3f}"
 
 
 def _fmt(key: str, v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if key.startswith("pass_"):
-        a, b, n = v
-        return f"{a:.3f} → {b:.3f} (n={n})"
+        (a, ha), (b, hb), n = v
+        return f"{_num(a, ha)} → {_num(b, hb)} (n={n})"
+    if isinstance(v, tuple):
+        return "–" if math.isnan(v[0]) else _num(v[0], v[1])
     return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def differences(rows_by_arm: dict[str, list[dict]]) -> pd.DataFrame:
+    """Every other arm against the first on :data:`CLAIMS`: difference of means over seeds, Welch's
+    t-test, Holm-adjusted p over the table, and the verdict."""
+    names = list(rows_by_arm)
+    out = []
+    for arm in names[1:]:
+        for key, label in CLAIMS:
+            base = [r[key] for r in rows_by_arm[names[0]] if r.get(key) is not None]
+            new = [r[key] for r in rows_by_arm[arm] if r.get(key) is not None]
+            if not base or not new:
+                continue
+            delta = float(np.mean(new) - np.mean(base))
+            p = math.nan
+            if len(base) >= 2 and len(new) >= 2:
+                if np.ptp(base) == 0 and np.ptp(new) == 0:  # no spread in either arm: exact
+                    p = 1.0 if delta == 0 else 0.0
+                else:
+                    with warnings.catch_warnings():  # near-identical seeds: scipy warns, the p stands
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        p = float(stats.ttest_ind(new, base, equal_var=False).pvalue)
+            out.append(
+                {"arm": arm, "figure": label, "delta": delta, "p_value": p, "n": (len(new), len(base))}
+            )
+    frame = pd.DataFrame(out, columns=["arm", "figure", "delta", "p_value", "n"])
+    frame["p_adjusted"] = paired.holm(frame["p_value"].tolist()) if len(frame) else []
+    frame["verdict"] = [
+        "n/a (one seed)"
+        if math.isnan(p)
+        else ("higher" if d > 0 else "lower")
+        if p < ALPHA
+        else "no difference"
+        for d, p in zip(frame["delta"], frame["p_adjusted"], strict=True)
+    ]
+    frame["seeds"] = [f"{a} vs {b}" for a, b in frame.pop("n")]
+    return frame
 
 
 def _smooth(values: list[float], k: int = 5) -> list[float]:
     return [_mean(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
 
 
-def curves_figure(steps_by_arm: dict[str, list[dict]]) -> Figure:
-    """Reward and entropy per step of every arm (5-step moving mean), as ``curves.png``."""
-    series = {
-        name: pd.DataFrame(
+def curves_figure(steps_by_arm: dict[str, list[list[dict]]]) -> Figure:
+    """Reward and entropy per step of every arm (the seeds' mean, 5-step moving mean), as ``curves.png``."""
+    series = {}
+    for name, seeds in steps_by_arm.items():
+        by_step: dict[int, list[dict]] = {}
+        for steps in seeds:
+            for r in steps:
+                by_step.setdefault(r["step"], []).append(r)
+        order = sorted(by_step)
+        series[name] = pd.DataFrame(
             {
-                "step": [r["step"] for r in steps],
-                "reward": _smooth([r["reward"] for r in steps]),
-                "entropy": _smooth([r["entropy"] for r in steps]),
+                "step": order,
+                "reward": _smooth([_mean([r["reward"] for r in by_step[s]]) for s in order]),
+                "entropy": _smooth([_mean([r["entropy"] for r in by_step[s]]) for s in order]),
             }
         )
-        for name, steps in steps_by_arm.items()
-    }
     return Figure(plots.rl_curves(series), alt="reward and entropy", file="curves.png")
 
 
-def rl_document(title: str, rows: dict[str, dict], curves: Figure, intro: str = "") -> Document:
-    """The study as a document: one row per arm (see the module docstring), then the curves."""
+def rl_document(
+    title: str, rows: dict[str, dict], curves: Figure, intro: str = "", diffs: pd.DataFrame | None = None
+) -> Document:
+    """The study as a document: one row per arm (seeds aggregated), the differences, then the curves."""
     frame = pd.DataFrame(
         [
-            {"arm": name, "steps": row["steps"], **{k: row.get(k) for k, _ in COLUMNS}}
+            {
+                "arm": name,
+                "seeds": row.get("seeds", 1),
+                "steps": row["steps"],
+                **{k: row.get(k) for k, _ in COLUMNS},
+            }
             for name, row in rows.items()
         ]
     )
     formats = {k: partial(_fmt, k) for k, _ in COLUMNS}
-    return Document(
-        title=title,
-        subtitle=intro,
-        sections=(
-            Section("arms", "Arms", (Table(frame, formats=formats, headers=dict(COLUMNS)),)),
-            Section("curves", "Curves", (curves,)),
-        ),
-    )
+    sections = [Section("arms", "Arms", (Table(frame, formats=formats, headers=dict(COLUMNS)),))]
+    if diffs is not None and len(diffs):
+        sections.append(
+            Section(
+                "differences",
+                f"Differences from {next(iter(rows))}",
+                (
+                    Table(
+                        diffs,
+                        formats={
+                            "delta": lambda v: f"{v:+.3f}",
+                            "p_value": lambda v: "–" if math.isnan(v) else f"{v:.3g}",
+                            "p_adjusted": lambda v: "–" if math.isnan(v) else f"{v:.3g}",
+                        },
+                        headers={"p_value": "p (Welch)", "p_adjusted": "p (Holm)"},
+                    ),
+                ),
+            )
+        )
+    sections.append(Section("curves", "Curves", (curves,)))
+    return Document(title=title, subtitle=intro, sections=tuple(sections))
 
 
-def write_report(title: str, arms: dict[str, Path], out_dir: Path, intro: str = "") -> Path:
+def write_report(title: str, arms: dict[str, Path | Sequence[Path]], out_dir: Path, intro: str = "") -> Path:
     """``out_dir/report.md``, ``report.html``, ``curves.png`` and ``summary.json`` of the study; the
-    Markdown's path."""
+    Markdown's path. Each arm is one run folder or a list of them (one per seed)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics = {name: read_metrics(run) for name, run in arms.items()}  # each metrics.jsonl read once
-    rows = {name: _summary_row(arms[name], *m) for name, m in metrics.items()}
-    doc = rl_document(title, rows, curves_figure({name: m[0] for name, m in metrics.items()}), intro)
+    runs = {
+        name: [Path(r)] if isinstance(r, (str, Path)) else [Path(x) for x in r] for name, r in arms.items()
+    }
+    metrics = {name: [read_metrics(run) for run in rs] for name, rs in runs.items()}  # each read once
+    per_seed = {
+        name: [_summary_row(run, *m) for run, m in zip(runs[name], ms, strict=True)]
+        for name, ms in metrics.items()
+    }
+    rows = {name: aggregate(seed_rows) for name, seed_rows in per_seed.items()}
+    diffs = differences(per_seed)
+    curves = curves_figure({name: [m[0] for m in ms] for name, ms in metrics.items()})
+    doc = rl_document(title, rows, curves, intro, diffs)
     write_figures(doc, out_dir)
     write_atomic(out_dir / "report.html", to_html(doc))
-    write_atomic(out_dir / "summary.json", json.dumps(rows, indent=2, default=str))
+    summary = {name: {"seeds": per_seed[name], "mean": rows[name]} for name in rows} | {
+        "differences": diffs.to_dict(orient="records")
+    }
+    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     path = out_dir / "report.md"
     write_atomic(path, to_markdown(doc))
     return path

@@ -124,6 +124,7 @@ def cmd_rl_study(args) -> int:
         lambda cfg: _verifiers(cfg, data_dir),
         overrides=args.set or [],
         config=args.config,
+        seeds=args.seeds,
         quiet=args.quiet,
     )
     print(json.dumps({"report": str(path)}))
@@ -139,6 +140,9 @@ def add_rl_study_parser(sub) -> None:
     rs.add_argument("--config", default=None, help="YAML file of overrides for every arm")
     rs.add_argument("--set", action="append", metavar="KEY=VALUE", help="override for every arm (repeatable)")
     rs.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
+    rs.add_argument(
+        "--seeds", type=int, default=3, help="runs per arm, rl.seed and up (default 3; each figure gets a CI)"
+    )
     rs.add_argument("--quiet", action="store_true", help="no progress bar")
     rs.set_defaults(fn=cmd_rl_study)
 

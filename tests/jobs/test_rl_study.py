@@ -46,20 +46,25 @@ def test_the_ahrl_study_runs_its_arms_and_writes_its_section(micro_ckpt, tmp_pat
         "rollout.group_size=2", "rollout.pool_size=4",
     ]  # fmt: skip
     calls = []
+    seeds = []
 
     def verifiers(cfg):
         calls.append(cfg.objective.ahrl)
+        seeds.append(cfg.rl.seed)
         return {"toy": _Verifier()}
 
-    report = run_study("ahrl", str(micro_ckpt), tmp_path, verifiers, overrides=overrides, quiet=True)
-    assert calls == [True, False]
+    report = run_study("ahrl", str(micro_ckpt), tmp_path, verifiers, overrides=overrides, seeds=2, quiet=True)
+    assert calls == [True, True, False, False] and seeds == [0, 1, 0, 1]  # the same seeds for every arm
     text = report.read_text()
-    assert "| ahrl | 2 |" in text and "| no-hints | 2 |" in text and "→" in text
-    events = [json.loads(x) for x in (tmp_path / "ahrl" / "metrics.jsonl").read_text().splitlines()]
+    assert "| ahrl | 2 | 2 |" in text and "| no-hints | 2 | 2 |" in text and "→" in text and " ± " in text
+    assert "## Differences from ahrl" in text and "p (Holm)" in text
+    events = [
+        json.loads(x) for x in (tmp_path / "ahrl" / "seed_1" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert {e.get("event") for e in events} >= {"pass_init", "pass_final"}
-    # a rerun keeps the finished arms (no verifier is built again)
-    run_study("ahrl", str(micro_ckpt), tmp_path, verifiers, overrides=overrides, quiet=True)
-    assert calls == [True, False]
+    # a rerun keeps the finished runs (no verifier is built again)
+    run_study("ahrl", str(micro_ckpt), tmp_path, verifiers, overrides=overrides, seeds=2, quiet=True)
+    assert len(calls) == 4
 
 
 def test_studies_name_their_arms_and_unknown_studies_are_refused(micro_ckpt, tmp_path):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from reports.rl import summarize, write_report
+from reports.rl import differences, interval, summarize, write_report
 
 
 def _run(path, rewards, entropies, *, length=2.0, passes=None):
@@ -65,10 +65,17 @@ def test_the_report_has_a_row_per_arm_and_the_curves_in_markdown_and_html(tmp_pa
     path = write_report("Scheduling", arms, tmp_path / "out", "intro text")
     text = path.read_text()
     assert text.startswith("# Scheduling") and "intro text" in text
-    assert "| urb | 12 |" in text and "| april\\<b\\> | 12 |" in text and "5.000" in text and "3.000" in text
-    assert "| arm | steps | reward (first 10) |" in text and "![reward and entropy](curves.png)" in text
+    assert "| urb | 1 | 12 |" in text and "| april\\<b\\> | 1 | 12 |" in text and "5.000" in text
+    assert (
+        "| arm | seeds | steps | reward (first 10) |" in text and "![reward and entropy](curves.png)" in text
+    )
+    assert "n/a (one seed)" in text  # one seed per arm: no test
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
-    assert set(json.loads((tmp_path / "out" / "summary.json").read_text())) == {"urb", "april<b>"}
+    assert set(json.loads((tmp_path / "out" / "summary.json").read_text())) == {
+        "urb",
+        "april<b>",
+        "differences",
+    }
     html = (tmp_path / "out" / "report.html").read_text()
     assert ">Scheduling</h1>" in html
     assert "april&lt;b&gt;" in html and "april<b>" not in html
@@ -79,3 +86,30 @@ def test_the_report_has_a_row_per_arm_and_the_curves_in_markdown_and_html(tmp_pa
 def test_a_folder_without_metrics_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not an RL run folder"):
         summarize(tmp_path)
+
+
+def test_seeds_give_intervals_and_welch_tests_against_the_first_arm(tmp_path):
+    """Three seeds per arm: every figure is a mean with its 95 % t-interval, and the Differences section
+    tests each arm against the first with Welch's t over seeds, Holm-adjusted."""
+    base = [
+        _run(tmp_path / f"misc{s}", [0.5 + 0.01 * s] * 12, [1.0 + 0.01 * s] * 12, passes=(0.05, 0.3))
+        for s in range(3)
+    ]
+    lower = [
+        _run(tmp_path / f"gspo{s}", [0.5] * 12, [0.3 + 0.01 * s] * 12, passes=(0.05, 0.3)) for s in range(3)
+    ]
+    path = write_report("Objective", {"misc": base, "gspo": lower}, tmp_path / "out")
+    text = path.read_text()
+    assert "| misc | 3 | 12 |" in text and "1.010 ± 0.025" in text  # t(0.975, 2) * 0.01 / sqrt(3)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    diffs = {d["figure"]: d for d in summary["differences"]}
+    assert diffs["entropy (last 10)"]["verdict"] == "lower" and diffs["entropy (last 10)"][
+        "delta"
+    ] == pytest.approx(-0.7)
+    assert diffs["reward (last 10)"]["verdict"] == "no difference"
+    assert "## Differences from misc" in text and "p (Holm)" in text
+    mean, half = interval([1.0, 1.01, 1.02])
+    assert mean == pytest.approx(1.01) and half == pytest.approx(4.302653 * 0.01 / 3**0.5, rel=1e-5)
+    assert interval([0.4])[0] == 0.4 and interval([0.4])[1] != interval([0.4])[1]  # NaN half-width
+    frame = differences({"a": [{"reward_last": 1.0}] * 2, "b": [{"reward_last": 1.0}] * 2})
+    assert frame["verdict"].tolist() == ["no difference"]  # no spread and no change
