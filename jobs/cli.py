@@ -22,9 +22,16 @@ from jobs.commands.common import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
     EXIT_CODES,
+    EXIT_DIVERGED,
     EXIT_INTERRUPTED,
     CLIError,
 )
+
+
+def _diverged() -> type[BaseException]:
+    from train.common.nonfinite import DivergedError
+
+    return DivergedError
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -113,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"ernie5 {args.command}: error: {msg}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except _diverged() as e:
+        print(f"ernie5 {args.command}: diverged: {e}", file=sys.stderr)
+        return EXIT_DIVERGED
     except KeyboardInterrupt:
         print(f"ernie5 {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -11,6 +11,7 @@ EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_BAD_INPUT = 2
 EXIT_EVAL_FAILED = 3
+EXIT_DIVERGED = 4
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 EXIT_CODES = {
@@ -20,6 +21,9 @@ EXIT_CODES = {
     "used, or a file that cannot be read or written (one line on stderr, nothing already written lost)",
     EXIT_EVAL_FAILED: "evaluation failed: `sweep` or `nightly` recorded at least one unit as an error "
     "(tables and report are still written; units.csv and units/ hold the messages)",
+    EXIT_DIVERGED: "training diverged: `train`, `sft`, `recipe` or `rl` met a non-finite loss or gradient "
+    "more often than `nonfinite` / `nonfinite_patience` allow (one line: the step, the quantity, the last "
+    "good checkpoint; no checkpoint of non-finite weights is written)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_BROKEN_PIPE: "stdout was closed by its reader (e.g. `| head`)",
 }

@@ -234,6 +234,7 @@ def test_every_exit_code_is_documented(capsys):
         1: "1 `compare --fail-on-regression`",
         2: "2 bad input",
         3: "3 evaluation failed",
+        4: "4 training diverged",
         130: "130 interrupted",
         141: "141 stdout closed",
     }

@@ -10,17 +10,33 @@ Non-fused optimizers fall back to ``clip_grad_norm_``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
-def clip_and_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], max_norm: float) -> float:
+def clip_and_step(
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    max_norm: float,
+    skip_nonfinite: bool = False,
+) -> float:
     """Clip the gradients of ``params`` to global L2 norm ``max_norm`` (if > 0), then step.
 
-    Returns the pre-clip total norm (NaN when clipping is off).
+    Returns the pre-clip total norm (NaN when clipping is off). With ``skip_nonfinite`` the norm is
+    always computed and returned, and a non-finite one without a step (the gradients are kept).
     """
     fused = all(g.get("fused") for g in optimizer.param_groups) and isinstance(
         optimizer, (torch.optim.Adam, torch.optim.AdamW)
     )
+    if skip_nonfinite:
+        grads = [p.grad for p in params if p.grad is not None]
+        total = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        if not math.isfinite(total):
+            return total
+        if max_norm <= 0:
+            optimizer.step()
+            return total
     if max_norm <= 0:
         optimizer.step()
         return float("nan")

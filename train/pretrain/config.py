@@ -173,6 +173,13 @@ class TrainConfig:
     """Weight of the Next-Codec-Prediction loss (mean over levels) next to the text cross-entropy."""
     peak_flops: float = 0.0
     """Peak FLOP/s for the MFU estimate (0 = measure the best matmul rate in the run's dtype at start)."""
+    nonfinite: Literal["skip", "stop"] = "skip"
+    """A step whose loss or gradient norm is not finite: ``skip`` it (no update; noted in
+    ``metrics.jsonl``) and stop after ``nonfinite_patience`` such steps in a row, or ``stop`` at the
+    first; stopping is one line naming the step, the quantity and the last good checkpoint, exit 4
+    (train.common.nonfinite)."""
+    nonfinite_patience: int = 5
+    """Consecutive non-finite steps ``skip`` tolerates before it stops the run."""
     init_from: str = ""
     """A checkpoint (or run folder: its newest) whose weights, text tokenizer and frozen media
     models start this run: continued pretraining on another mixture, later SFT. The optimizer, the
@@ -197,6 +204,7 @@ class TrainConfig:
         check(self.log_every >= 1, f"log_every={self.log_every} must be >= 1")
         check(self.ckpt_every >= 1, f"ckpt_every={self.ckpt_every} must be >= 1")
         check(self.keep_ckpts >= 1, f"keep_ckpts={self.keep_ckpts} must be >= 1")
+        check(self.nonfinite_patience >= 1, f"nonfinite_patience={self.nonfinite_patience} must be >= 1")
         check(self.bias_speed >= 0 and self.bias_speed_final >= 0, "bias_speed values must be >= 0")
         check(self.mtp_weight >= 0 and self.mtp_weight_final >= 0, "mtp_weight values must be >= 0")
         check(0 <= self.stage2_frac <= 1, f"stage2_frac={self.stage2_frac} must be in [0, 1]")

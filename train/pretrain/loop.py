@@ -75,6 +75,14 @@ from ernie5.store.checkpoint import (
 from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.subnets.params import ParamReport, count_params
 from ernie5.tokenizers.text import TextTokenizer
+from train.common.nonfinite import (
+    DivergedError,
+    NonFinitePolicy,
+    first_nonfinite,
+    last_good,
+    loss_problem,
+    nonfinite_grad,
+)
 from train.common.optim import make_optimizer
 from train.common.run_folder import (
     RunError,
@@ -478,6 +486,11 @@ class Trainer:
         if not self.dist.main:
             return
         path = checkpoint_dir(self.run_dir, step)
+        bad = first_nonfinite(self.model.named_parameters())
+        if bad is not None:  # never a checkpoint of non-finite weights
+            raise DivergedError(
+                f"step {step}: weight {bad} is not finite; not saved; {last_good(self.run_dir)}"
+            )
         state = {"step": step, "balance_ema": self.balance_ema}
         tensors = {"torch_rng": torch.get_rng_state()}
         save_checkpoint(
@@ -549,6 +562,9 @@ class Trainer:
 
             bar = tqdm(total=steps, initial=self.start_step, desc="train", unit="step", dynamic_ncols=True)
         self._steps_since_record = 0
+        guard = NonFinitePolicy(
+            cfg.train.nonfinite, cfg.train.nonfinite_patience, self.run_dir, write=self.dist.main
+        )
         for step in range(self.start_step, steps):
             t0 = time.perf_counter()
             lr = lr_at(step, steps, cfg.optim.lr, cfg.schedule)
@@ -558,17 +574,38 @@ class Trainer:
             micros = [self._micro_step(step, m, weights) for m in range(cfg.train.grad_accum)]
             if self.par is not None:
                 micros = self._gather_micros(micros)
-                grad_norm = self.par.finish_grads(cfg.optim.grad_clip)
-                self.optimizer.step()
-            else:
-                grad_norm = self.precision.step(self.optimizer, cfg.optim.grad_clip)
+            keys = ("total", "loss", "mtp", "aux", "vision_gen", "audio_gen")
+            problem = next((x for m in micros if (x := loss_problem({k: m[k] for k in keys}))), None)
+            grad_norm = math.nan
+            if problem is None:
+                if self.par is not None:
+                    grad_norm = self.par.finish_grads(cfg.optim.grad_clip)
+                    if math.isfinite(grad_norm):
+                        self.optimizer.step()
+                else:
+                    grad_norm = self.precision.step(self.optimizer, cfg.optim.grad_clip, skip_nonfinite=True)
+                if not math.isfinite(grad_norm):
+                    problem = (
+                        f"gradient norm ({grad_norm}; first in {nonfinite_grad(self.model, self.compute)})"
+                    )
+            done = step + 1
+            if problem is not None:  # nothing learned from this step (train.nonfinite)
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.par is None:
+                    self.precision.discard_grads()
+                if bar is not None:
+                    bar.update(1)
+                guard.skipped(done, problem)  # raises when the policy says stop
+                if done == steps:
+                    self._checkpoint(done)
+                continue
+            guard.ok()
             self.optimizer.zero_grad(set_to_none=True)
             self._update_biases(step, micros)
             if self.par is None:
                 self.precision.sync()
             self._update_balance(micros)
             dt = time.perf_counter() - t0
-            done = step + 1
             self._steps_since_record += 1
             if done % cfg.train.log_every == 0 or done == steps:
                 last = self._record(done, lr, grad_norm, micros, dt)

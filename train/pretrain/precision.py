@@ -94,15 +94,19 @@ class MixedPrecision:
             c.grad = None
 
     @torch.no_grad()
-    def step(self, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
+    def step(self, optimizer: torch.optim.Optimizer, max_norm: float, skip_nonfinite: bool = False) -> float:
         """Clip to global norm ``max_norm`` (if > 0), step the optimizer and refresh the replica's
         weights (its buffers are refreshed by :meth:`sync`). Returns the pre-clip norm (NaN when
-        clipping is off). The caller then zeroes the master gradients as usual."""
+        clipping is off). The caller then zeroes the master gradients as usual.
+
+        With ``skip_nonfinite`` the norm is always computed (and returned), and when it is not
+        finite nothing is stepped: the gradients are left where they are (for the caller to name the
+        first non-finite one), then dropped with :meth:`discard_grads`."""
         if not self._fusable(optimizer):
             self.accumulate_grads()  # gradients left on the replica for a fused step that cannot run
             self.grad_squares.clear()
-            norm = clip_and_step(optimizer, self._m_params, max_norm)
-            if self.bf16:
+            norm = clip_and_step(optimizer, self._m_params, max_norm, skip_nonfinite=skip_nonfinite)
+            if self.bf16 and not (skip_nonfinite and not math.isfinite(norm)):  # stepped
                 torch._foreach_copy_(self._c_params, self._m_params)
             return norm
         pairs = []  # (master, its gradient, replica)
@@ -111,7 +115,7 @@ class MixedPrecision:
             if g is not None:
                 pairs.append((m, g, c))
         k = self._kernels()
-        if max_norm > 0:
+        if max_norm > 0 or skip_nonfinite:
             # A gradient whose producing kernel already summed its squares (the expert weight
             # gradients) is not read again for it.
             total = 0.0
@@ -122,6 +126,10 @@ class MixedPrecision:
         else:
             norm = float("nan")
         self.grad_squares.clear()
+        if skip_nonfinite and not math.isfinite(norm):
+            return norm
+        if max_norm <= 0 and not skip_nonfinite:
+            norm = float("nan")
         # clip_grad_norm_'s factor min(1, max_norm / (norm + 1e-6)).
         inv_scale = min(1.0, max_norm / (norm + 1e-6)) if max_norm > 0 else 1.0
         groups = {id(p): grp for grp in optimizer.param_groups for p in grp["params"]}
@@ -140,6 +148,13 @@ class MixedPrecision:
             )  # fmt: skip
             c.grad = None  # parameters without a gradient are left alone, as AdamW does
         return norm
+
+    @torch.no_grad()
+    def discard_grads(self) -> None:
+        """Drop every gradient, on the master and on the replica (a skipped step)."""
+        self.grad_squares.clear()
+        for p in (*self._m_params, *self._c_params):
+            p.grad = None
 
     def _kernels(self):
         """The CPU kernels where the master weights are on the CPU and they build, else None."""

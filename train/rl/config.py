@@ -162,6 +162,11 @@ class RLLoopConfig:
     ckpt_every: int = 10
     keep_ckpts: int = 2
     lr_warmup_steps: int = 0
+    nonfinite: Literal["skip", "stop"] = "skip"
+    """A minibatch whose loss or gradient norm is not finite: ``skip`` its optimizer step (noted in
+    ``metrics.jsonl``) and stop after ``nonfinite_patience`` in a row, or ``stop`` at the first (one
+    line, exit 4; train.common.nonfinite)."""
+    nonfinite_patience: int = 5
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

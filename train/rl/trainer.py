@@ -99,6 +99,7 @@ from ernie5.store.checkpoint import (
     save_checkpoint,
 )
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, write_atomic, write_json
+from train.common.nonfinite import DivergedError, NonFinitePolicy, first_nonfinite, last_good, nonfinite_grad
 from train.common.optim import make_optimizer
 from train.common.run_folder import (
     RunError,
@@ -261,6 +262,7 @@ class RLTrainer:
         apply_fast_paths(self.precision.compute, grad_squares=self.precision.grad_squares)
         policy, seed = self.precision.compute, cfg.rl.seed
         self.reference = self._reference_policy(policy) if cfg.objective.kl_coef > 0 else None
+        self.nonfinite = NonFinitePolicy(cfg.rl.nonfinite, cfg.rl.nonfinite_patience, self.run_dir, key="rl")
         self.inference = self._inference_replica() if ro.engine == "inference" else None
 
         def query_of(q: int) -> Any:
@@ -618,12 +620,28 @@ class RLTrainer:
                     weight_B[rows_idx].to(dev),
                     None if logp_ref is None else logp_ref[rows_idx, :w].to(dev),
                 )
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    problem = f"loss ({value}) in minibatch {mb + 1}"
+                    break
                 (loss * len(rows_idx) / total).backward()
                 self.precision.accumulate_grads()
                 for name, v in st.items():
                     stats_acc[name].append(float(v))
-            grad_norms.append(self.precision.step(self.optimizer, cfg.optim.grad_clip))
+            else:
+                problem = None
+            if problem is None:
+                norm = self.precision.step(self.optimizer, cfg.optim.grad_clip, skip_nonfinite=True)
+                if not math.isfinite(norm):
+                    first = nonfinite_grad(self.model, self.precision.compute)
+                    problem = f"gradient norm ({norm}; first in {first}) in minibatch {mb + 1}"
             self.optimizer.zero_grad(set_to_none=True)
+            if problem is not None:  # nothing learned from this minibatch (rl.nonfinite)
+                self.precision.discard_grads()
+                self.nonfinite.skipped(step + 1, problem)  # raises when the policy says stop
+                continue
+            self.nonfinite.ok()
+            grad_norms.append(norm)
             self.precision.sync()
             self._sync_inference()
         train_s = time.perf_counter() - t0
@@ -644,7 +662,7 @@ class RLTrainer:
             "staleness": float(
                 sum(step - v for r in rows for v in r.versions) / max(1, sum(len(r.versions) for r in rows))
             ),
-            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else None,
             "train_s": train_s,
             **({"kl": sum(stats_acc["kl"]) / len(stats_acc["kl"])} if stats_acc.get("kl") else {}),
             "queries": sorted({r.query for r in rows}),
@@ -694,6 +712,11 @@ class RLTrainer:
     # ---------------------------------------------------------------- loop
     def _checkpoint(self, step: int) -> None:
         path = checkpoint_dir(self.run_dir, step)
+        bad = first_nonfinite(self.model.named_parameters())
+        if bad is not None:  # never a checkpoint of non-finite weights
+            raise DivergedError(
+                f"step {step}: weight {bad} is not finite; not saved; {last_good(self.run_dir)}"
+            )
         buf_state, routing = self.buffer.state()
         state = {
             "step": step,

@@ -352,3 +352,32 @@ def test_rollouts_from_an_inference_replica_differ_from_the_learner(micro_ckpt, 
     replica = trainer.inference.state_dict()
     assert all(replica[k].dtype == torch.bfloat16 for k in master if master[k].is_floating_point())
     assert all(torch.equal(replica[k], master[k].to(replica[k].dtype)) for k in master)  # synced
+
+
+def test_a_nonfinite_rl_loss_is_skipped_and_stop_stops(micro_ckpt, tmp_path, monkeypatch):
+    from train.common.nonfinite import DivergedError
+
+    calls = []
+    real = RLTrainer._loss
+
+    def poisoned(self, *args):
+        loss, stats = real(self, *args)
+        calls.append(1)
+        return (loss * float("nan"), stats) if len(calls) == 3 else (loss, stats)
+
+    monkeypatch.setattr(RLTrainer, "_loss", poisoned)
+    cfg = _cfg(micro_ckpt, objective=ObjectiveConfig(minibatches=2, ahrl=False))
+    before = load_checkpoint(micro_ckpt, fast=False).model.state_dict()
+    RLTrainer(cfg, tmp_path / "skip", {"toy": ToyVerifier()}, quiet=True).run()
+    lines = [json.loads(x) for x in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
+    events = [r for r in lines if r.get("event") == "nonfinite"]
+    assert len(events) == 1 and events[0]["what"].startswith("loss (nan) in minibatch")
+    after = load_checkpoint(checkpoint_dirs(tmp_path / "skip")[-1], fast=False).model.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the other minibatches learned
+    calls.clear()
+    stop = replace(cfg, rl=replace(cfg.rl, nonfinite="stop"))
+    with pytest.raises(
+        DivergedError, match=r"step \d: non-finite loss \(nan\) in minibatch \d \(rl.nonfinite=stop\)"
+    ):
+        RLTrainer(stop, tmp_path / "stop", {"toy": ToyVerifier()}, quiet=True).run()
