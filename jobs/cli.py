@@ -24,6 +24,7 @@ from jobs.commands.common import (
     EXIT_CODES,
     EXIT_DIVERGED,
     EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
     CLIError,
 )
 
@@ -32,6 +33,12 @@ def _diverged() -> type[BaseException]:
     from train.common.nonfinite import DivergedError
 
     return DivergedError
+
+
+def _preempted() -> type[BaseException]:
+    from train.common.preempt import Preempted
+
+    return Preempted
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -123,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     except _diverged() as e:
         print(f"ernie5 {args.command}: diverged: {e}", file=sys.stderr)
         return EXIT_DIVERGED
+    except _preempted() as e:
+        print(f"ernie5 {args.command}: preempted: {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         print(f"ernie5 {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -13,6 +13,7 @@ EXIT_BAD_INPUT = 2
 EXIT_EVAL_FAILED = 3
 EXIT_DIVERGED = 4
 EXIT_INTERRUPTED = 130
+EXIT_PREEMPTED = 143
 EXIT_BROKEN_PIPE = 141
 EXIT_CODES = {
     EXIT_OK: "success",
@@ -25,6 +26,8 @@ EXIT_CODES = {
     "more often than `nonfinite` / `nonfinite_patience` allow (one line: the step, the quantity, the last "
     "good checkpoint; no checkpoint of non-finite weights is written)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_PREEMPTED: "preempted: `SIGTERM` (or a first Ctrl-C) stopped `train`, `sft`, `recipe` or `rl` at a "
+    "step boundary with a checkpoint (one line names it; `--resume` continues exactly)",
     EXIT_BROKEN_PIPE: "stdout was closed by its reader (e.g. `| head`)",
 }
 """Every exit code of ``ernie5`` and what it means (the ``--help`` epilog and the README list them)."""

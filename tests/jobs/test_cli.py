@@ -236,6 +236,7 @@ def test_every_exit_code_is_documented(capsys):
         3: "3 evaluation failed",
         4: "4 training diverged",
         130: "130 interrupted",
+        143: "143 preempted",
         141: "141 stdout closed",
     }
     assert set(phrases) == set(EXIT_CODES)

@@ -180,6 +180,9 @@ class TrainConfig:
     (train.common.nonfinite)."""
     nonfinite_patience: int = 5
     """Consecutive non-finite steps ``skip`` tolerates before it stops the run."""
+    preempt_grace_s: float = 60.0
+    """After ``SIGTERM`` (or a first Ctrl-C) the run checkpoints at the next step boundary and exits
+    143; a step that does not end within this many seconds exits at once (train.common.preempt)."""
     init_from: str = ""
     """A checkpoint (or run folder: its newest) whose weights, text tokenizer and frozen media
     models start this run: continued pretraining on another mixture, later SFT. The optimizer, the
@@ -205,6 +208,7 @@ class TrainConfig:
         check(self.ckpt_every >= 1, f"ckpt_every={self.ckpt_every} must be >= 1")
         check(self.keep_ckpts >= 1, f"keep_ckpts={self.keep_ckpts} must be >= 1")
         check(self.nonfinite_patience >= 1, f"nonfinite_patience={self.nonfinite_patience} must be >= 1")
+        check(self.preempt_grace_s > 0, f"preempt_grace_s={self.preempt_grace_s} must be > 0")
         check(self.bias_speed >= 0 and self.bias_speed_final >= 0, "bias_speed values must be >= 0")
         check(self.mtp_weight >= 0 and self.mtp_weight_final >= 0, "mtp_weight values must be >= 0")
         check(0 <= self.stage2_frac <= 1, f"stage2_frac={self.stage2_frac} must be in [0, 1]")

@@ -84,6 +84,7 @@ from train.common.nonfinite import (
     nonfinite_grad,
 )
 from train.common.optim import make_optimizer
+from train.common.preempt import Preempted, Preemption, preemptible
 from train.common.run_folder import (
     RunError,
     cut_metrics,
@@ -552,6 +553,20 @@ class Trainer:
             self.stream.close()  # the data-loader workers, if any
 
     def _train(self) -> dict:
+        with preemptible(self.cfg.train.preempt_grace_s) as stop:
+            return self._steps(stop)
+
+    def _stop_requested(self, stop: Preemption) -> bool:
+        """Whether any process was asked to stop (every process stops at the same step)."""
+        if self.dist.world == 1:
+            return stop.requested
+        flag = torch.tensor(
+            [float(stop.requested)], device=self.device if self.device.type != "cpu" else None
+        )
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _steps(self, stop: Preemption) -> dict:
         self._barrier()
         cfg = self.cfg
         steps = cfg.train.steps
@@ -618,6 +633,16 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{micros[0]['loss']:.3f}", lr=f"{lr:.2e}")
+            if done < steps and self._stop_requested(stop):
+                if done % cfg.train.ckpt_every != 0:
+                    self._checkpoint(done)
+                    self._barrier()
+                if bar is not None:
+                    bar.close()
+                raise Preempted(
+                    f"{stop.signal or 'stop requested'} at step {done} of {steps}: checkpoint "
+                    f"{checkpoint_dir(self.run_dir, done)}; continue with --resume"
+                )
         if bar is not None:
             bar.close()
         return last

@@ -167,6 +167,9 @@ class RLLoopConfig:
     ``metrics.jsonl``) and stop after ``nonfinite_patience`` in a row, or ``stop`` at the first (one
     line, exit 4; train.common.nonfinite)."""
     nonfinite_patience: int = 5
+    preempt_grace_s: float = 60.0
+    """After ``SIGTERM`` (or a first Ctrl-C) RL checkpoints at the end of the iteration and exits 143;
+    an iteration that does not end within this many seconds exits at once (train.common.preempt)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

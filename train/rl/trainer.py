@@ -101,6 +101,7 @@ from ernie5.store.checkpoint import (
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, write_atomic, write_json
 from train.common.nonfinite import DivergedError, NonFinitePolicy, first_nonfinite, last_good, nonfinite_grad
 from train.common.optim import make_optimizer
+from train.common.preempt import Preempted, Preemption, preemptible
 from train.common.run_folder import (
     RunError,
     cut_metrics,
@@ -746,7 +747,6 @@ class RLTrainer:
             self.pass_init = self._measure_pass(0)
             event = self._pass_event("pass_init", self.pass_init, time.perf_counter() - t0)
             append_jsonl(self.run_dir / "metrics.jsonl", event)
-        last: dict = {}
         bar = None
         if not self.quiet:
             from tqdm import tqdm
@@ -755,6 +755,26 @@ class RLTrainer:
                 total=cfg.rl.steps, initial=self.start_step, desc="rl", unit="step", dynamic_ncols=True
             )
         stop = cfg.rl.steps if until is None else min(until, cfg.rl.steps)
+        with preemptible(cfg.rl.preempt_grace_s) as signal_stop:
+            last = self._iterate(stop, bar, signal_stop)
+        if bar is not None:
+            bar.close()
+        recorded = read_jsonl(self.run_dir / "metrics.jsonl")
+        if (
+            stop == cfg.rl.steps
+            and cfg.rollout.pool_size
+            and not any(r.get("event") == "pass_final" and r.get("step") == cfg.rl.steps for r in recorded)
+        ):
+            t0 = time.perf_counter()
+            final = self._pass_event("pass_final", self._measure_pass(1), time.perf_counter() - t0)
+            append_jsonl(self.run_dir / "metrics.jsonl", final)
+        return last
+
+    def _iterate(self, stop: int, bar, signal_stop: Preemption) -> dict:
+        """Iterations ``start_step .. stop``; on a stop request, checkpoint at the iteration's end and
+        raise :class:`Preempted`."""
+        cfg = self.cfg
+        last: dict = {}
         for step in range(self.start_step, stop):
             lr = (
                 cfg.optim.lr * min(1.0, (step + 1) / cfg.rl.lr_warmup_steps)
@@ -776,17 +796,13 @@ class RLTrainer:
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(reward=f"{rec['reward']:.3f}", ent=f"{rec['entropy']:.3f}")
-        if bar is not None:
-            bar.close()
-        recorded = read_jsonl(self.run_dir / "metrics.jsonl")
-        if (
-            stop == cfg.rl.steps
-            and cfg.rollout.pool_size
-            and not any(r.get("event") == "pass_final" and r.get("step") == cfg.rl.steps for r in recorded)
-        ):
-            t0 = time.perf_counter()
-            final = self._pass_event("pass_final", self._measure_pass(1), time.perf_counter() - t0)
-            append_jsonl(self.run_dir / "metrics.jsonl", final)
+            if step + 1 < stop and signal_stop.requested:
+                if not ((step + 1) % cfg.rl.ckpt_every == 0 or step + 1 in (cfg.rl.steps, stop)):
+                    self._checkpoint(step + 1)
+                raise Preempted(
+                    f"{signal_stop.signal} at step {step + 1} of {cfg.rl.steps}: checkpoint "
+                    f"{checkpoint_dir(self.run_dir, step + 1)}; continue with --resume"
+                )
         return last
 
 

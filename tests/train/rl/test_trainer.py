@@ -381,3 +381,37 @@ def test_a_nonfinite_rl_loss_is_skipped_and_stop_stops(micro_ckpt, tmp_path, mon
         DivergedError, match=r"step \d: non-finite loss \(nan\) in minibatch \d \(rl.nonfinite=stop\)"
     ):
         RLTrainer(stop, tmp_path / "stop", {"toy": ToyVerifier()}, quiet=True).run()
+
+
+def test_a_stop_request_checkpoints_the_iteration_and_resume_is_exact(micro_ckpt, tmp_path, monkeypatch):
+    """RL under SIGTERM: the iteration ends, its checkpoint is written, Preempted names it; --resume then
+    reproduces the uninterrupted run."""
+    from contextlib import contextmanager
+
+    import train.rl.trainer as trainer_module
+    from train.common.preempt import Preempted, Preemption
+
+    cfg = _cfg(micro_ckpt, rl=RLLoopConfig(steps=4, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=100))
+    RLTrainer(cfg, tmp_path / "whole", {"toy": ToyVerifier()}, quiet=True).run()
+    real_learn = RLTrainer._learn
+    state = Preemption(60)
+
+    def learn(self, step, groups, rewards):
+        rec = real_learn(self, step, groups, rewards)
+        if step == 1:
+            state.signal = "SIGTERM"  # arrives during iteration 2
+        return rec
+
+    @contextmanager
+    def fake(grace_s):
+        yield state
+
+    monkeypatch.setattr(RLTrainer, "_learn", learn)
+    monkeypatch.setattr(trainer_module, "preemptible", fake)
+    with pytest.raises(Preempted, match="SIGTERM at step 2 of 4: checkpoint .*step_00000002"):
+        RLTrainer(cfg, tmp_path / "cut", {"toy": ToyVerifier()}, quiet=True).run()
+    monkeypatch.undo()
+    RLTrainer(cfg, tmp_path / "cut", {"toy": ToyVerifier()}, resume=True, quiet=True).run()
+    a = load_checkpoint(checkpoint_dirs(tmp_path / "whole")[-1], fast=False).model.state_dict()
+    b = load_checkpoint(checkpoint_dirs(tmp_path / "cut")[-1], fast=False).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
