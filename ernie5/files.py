@@ -1,11 +1,13 @@
 """File integrity helpers shared by checkpoints (:mod:`ernie5.store.checkpoint`), side-model folders
-(:mod:`ernie5.tokenizers.folder`) and data fingerprints: content hashes, fsync, and publishing a
-folder in place of an old one."""
+(:mod:`ernie5.tokenizers.folder`) and data fingerprints: content hashes, fsync, publishing a folder in
+place of an old one, and a failed write as one ``OSError`` that names its path (:func:`write_failure`)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -58,3 +60,24 @@ def publish_folder(tmp: Path, path: Path) -> None:
     fsync_path(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES})
+"""The errors of a write that failed at the operating system (disk full, quota, read-only, I/O, ...)."""
+_OS_ERROR = re.compile(r"os error (\d+)")
+
+
+def write_failure(e: BaseException, path: str | Path, what: str) -> OSError | None:
+    """``e`` as one ``OSError`` naming ``path`` and what was being written, when ``e`` is a write that
+    failed at the OS level (also as raised by libraries that wrap it: safetensors' ``SafetensorError``
+    "... (os error 28)", torch's ``RuntimeError`` from its file writer); None for anything else."""
+    code = e.errno if isinstance(e, OSError) else None
+    if code is None:
+        m = _OS_ERROR.search(str(e))
+        if m:
+            code = int(m.group(1))
+        elif "No space left on device" in str(e):
+            code = errno.ENOSPC
+    if code is None or (not isinstance(e, OSError) and code not in WRITE_ERRNOS):
+        return None
+    return OSError(code, f"{os.strerror(code)} while writing {what}", str(path))

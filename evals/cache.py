@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import errno
 import hashlib
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -94,6 +96,19 @@ def request_key(model_fingerprint: str, request: Request) -> str:
     return hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+_SQLITE_WRITE_ERRORS = {
+    "database or disk is full": errno.ENOSPC,
+    "disk i/o error": errno.EIO,
+    "attempt to write a readonly database": errno.EROFS,
+}
+
+
+def _refused_write(e: sqlite3.OperationalError) -> int | None:
+    """The errno of an SQLite error that is the disk refusing a write, else None."""
+    text = str(e).lower()
+    return next((code for msg, code in _SQLITE_WRITE_ERRORS.items() if msg in text), None)
+
+
 class ResponseCache:
     """A SQLite response store (one connection per process)."""
 
@@ -108,11 +123,18 @@ class ResponseCache:
         self._retry(lambda: self.conn.execute(SCHEMA))
 
     def _retry(self, fn):
+        """``fn()``, retried while another process holds the database; a write the disk refused
+        (full, read-only, I/O error) becomes one ``OSError`` naming the cache file."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
                 return fn()
             except sqlite3.OperationalError as e:
+                refused = _refused_write(e)
+                if refused is not None:
+                    raise OSError(
+                        refused, f"{os.strerror(refused)} while writing the response cache", str(self.path)
+                    ) from None
                 if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)

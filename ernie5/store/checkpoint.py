@@ -47,7 +47,7 @@ from torch import nn
 
 from ernie5.config import ConfigError, dump, from_dict, read_yaml
 from ernie5.fast import apply_fast_paths
-from ernie5.files import file_sha256, fsync_path, publish_folder
+from ernie5.files import file_sha256, fsync_path, publish_folder, write_failure
 from ernie5.model.config import ModelConfig
 from ernie5.model.model import Ernie5Model
 from ernie5.model.rope import inv_frequencies
@@ -464,8 +464,11 @@ def save_checkpoint(
         _write_bytes(tmp / META_FILE, text.encode())
         fsync_path(tmp)
         publish_folder(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing partial left behind, and the space back
+        failed = write_failure(e, path, "the checkpoint")
+        if failed is not None:
+            raise failed from None
         raise
     return path
 

@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ernie5.files import write_failure
+
 PACKAGES = ("torch", "numpy", "safetensors", "tokenizers", "lm_eval", "datasets", "accelerate", "pandas")
 
 
@@ -95,11 +97,18 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     mode = "wb" if isinstance(data, bytes) else "w"
-    with open(tmp, mode, **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, mode, **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # no partial file left, and the space back
+        failed = write_failure(e, path, path.name)
+        if failed is not None:
+            raise failed from None
+        raise
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -110,9 +119,15 @@ def write_json(path: str | Path, obj: Any) -> None:
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     """Append one JSON record as a single write; the file is flushed to the OS."""
     line = json.dumps(record, sort_keys=True, default=float) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+    except OSError as e:
+        failed = write_failure(e, path, Path(path).name)
+        if failed is None:
+            raise
+        raise failed from None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
