@@ -33,7 +33,6 @@ NaN (fewer than two examples). ``higher_is_better`` is the task's declared direc
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -239,55 +238,11 @@ def read_results(run_dir: Path) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------- one writer at a time
-LOCK_FILE = ".lock"
 LEFTOVER = re.compile(r"\..+\.(tmp|old)(-\d+)?")
 """Names of what an interrupted atomic write leaves: ``.NAME.tmp-PID`` (``write_atomic``),
 ``.NAME.old-PID`` (a folder moved aside before its replacement is published)."""
 SWEEP_AREAS = ("units", "samples", "efficiency", "routing")
 """The sub-folders a sweep writes (besides the run folder's own files)."""
-
-
-class RunLocked(Exception):
-    """Another process holds the run folder's lock. The message is one line."""
-
-
-class RunLock:
-    """An exclusive ``flock`` on ``RUN_DIR/.lock``, held while a sweep writes the folder.
-
-    The lock belongs to the open file, so it is released when the process ends, however it ends; the
-    file itself stays (deleting it would let two processes lock two different files).
-    """
-
-    def __init__(self, run_dir: str | Path) -> None:
-        self.path = Path(run_dir) / LOCK_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip()
-            os.close(fd)
-            by = f" by process {holder}" if holder.isdigit() else ""
-            raise RunLocked(
-                f"{self.path.parent} is being written{by} (another sweep holds {self.path}); "
-                "wait for it to finish or choose another --out"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        """Unlock (idempotent)."""
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> RunLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def remove_leftovers(run_dir: str | Path) -> list[Path]:

@@ -14,7 +14,7 @@ always recomputed: a fixed bug does not change a fingerprint). A task whose data
 recorded as ``skipped`` with the reason; a task that raises is recorded as ``error`` with the
 message, the sweep goes on, and :attr:`SweepSummary.failed` lists it (``ernie5 sweep`` then exits 3).
 
-One sweep writes a run folder at a time: it holds the folder's lock (``evals.results.RunLock``) from
+One sweep writes a run folder at a time: it holds the folder's lock (``ernie5.store.runs.RunLock``) from
 before its first write to its last, and first removes the temp files a killed run left. The tables,
 the efficiency rows and the routing records are built from this sweep's units only (the manifest
 lists them); unit files of an earlier sweep with another suite stay on disk, outside every table.
@@ -56,14 +56,13 @@ from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
 from ernie5.runtime.distributed import init_dist
 from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint
-from ernie5.store.runs import append_jsonl, provenance, write_json
+from ernie5.store.runs import RunLock, append_jsonl, provenance, write_json
 from ernie5.subnets.spec import SubnetError, resolve_specs
 from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
 from evals.cache import CachedModel, ResponseCache
 from evals.efficiency import MEASURE_VERSION, measure
 from evals.results import (
     RANDOM_BASELINE,
-    RunLock,
     read_unit,
     remove_leftovers,
     unit_path,
@@ -363,7 +362,7 @@ def run_sweep(
 def _lock(run_dir: Path, dist) -> RunLock | None:
     """Process 0 locks ``run_dir`` and removes a killed run's leftovers; every process of the launch
     then learns whether it could, so all of them go on or all of them raise its error
-    (``evals.results.RunLocked`` when another sweep holds the folder)."""
+    (``ernie5.store.runs.RunLocked`` when another sweep holds the folder)."""
     lock, error = None, None
     if dist.main:
         try:

@@ -62,10 +62,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         VoicesUnavailable,
     ]
     from ernie5.data.text import DataCorrupt
+    from ernie5.store.runs import RunLocked
     from ernie5.tokenizers.refiner import RefinerError
     from ernie5.tokenizers.vision import VisionTokenizerError
     from evals.adapter import EvalInputError
-    from evals.results import RunLocked
     from evals.verifiers import VerifierError
     from reports.load import ReportError
     from train.common.run_folder import RunError

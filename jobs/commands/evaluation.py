@@ -96,13 +96,14 @@ def _sweep_summary(s) -> dict:
 
 def cmd_sweep(args) -> int:
     """``ernie5 sweep``."""
-    from evals.results import LOCK_FILE
+    from ernie5.store.runs import LOCK_FILE
     from evals.sweep import run_sweep
 
     if args.limit is not None and args.limit < 1:
         raise CLIError(f"--limit {args.limit}: expected an integer >= 1")
     out = check_out(args.out)
-    is_run = (out / "units").is_dir() or (out / LOCK_FILE).is_file()
+    trained = (out / "checkpoints").is_dir() or (out / "config.yaml").is_file()  # a training run's folder
+    is_run = (out / "units").is_dir() or ((out / LOCK_FILE).is_file() and not trained)
     if out.exists() and any(out.iterdir()) and not args.resume and not is_run:
         raise CLIError(f"--out {out} exists and is not a sweep run folder; choose a new folder")
     summary = run_sweep(

@@ -319,7 +319,7 @@ def test_units_of_an_earlier_suite_never_enter_the_tables(micro_ckpt, tmp_path):
 
 
 def test_a_second_sweep_into_a_locked_folder_is_refused(micro_ckpt, tmp_path, capsys):
-    from evals.results import RunLock, RunLocked
+    from ernie5.store.runs import RunLock, RunLocked
     from jobs.cli import main
 
     out = tmp_path / "run"

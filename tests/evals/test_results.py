@@ -10,10 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ernie5.store.runs import LOCK_FILE, RunLock, RunLocked
 from evals.results import (
-    LOCK_FILE,
-    RunLock,
-    RunLocked,
     all_units,
     manifest_units,
     remove_leftovers,
@@ -95,7 +93,7 @@ def test_one_writer_at_a_time(tmp_path):
     with pytest.raises(RunLocked) as info:
         RunLock(run_dir)
     message = str(info.value)
-    assert str(run_dir) in message and "another sweep" in message and "\n" not in message
+    assert str(run_dir) in message and "another process" in message and "\n" not in message
     first.release()
     with RunLock(run_dir):  # free again once released
         pass
@@ -105,7 +103,7 @@ def test_one_writer_at_a_time(tmp_path):
 def test_the_lock_is_held_across_processes_and_freed_when_its_holder_dies(tmp_path):
     run_dir = tmp_path / "run"
     code = (
-        "import sys, time; from evals.results import RunLock; "
+        "import sys, time; from ernie5.store.runs import RunLock; "
         f"lock = RunLock({str(run_dir)!r}); print('locked', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -16,15 +16,17 @@ steps, which may grow and never shrink); ``metrics.jsonl`` is cut back to the re
 from __future__ import annotations
 
 import math
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ernie5.config import ConfigError, from_dict, read_yaml, to_dict
 from ernie5.model.config import ModelConfig
 from ernie5.store.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, load_checkpoint
-from ernie5.store.runs import read_jsonl, rewrite_jsonl
+from ernie5.store.runs import RunLock, RunLocked, read_jsonl, rewrite_jsonl
 
 C = TypeVar("C")
 
@@ -135,3 +137,21 @@ def load_start(source: str | Path, model: ModelConfig, key: str) -> Checkpoint:
     if ckpt.tokenizer is None:
         raise RunError(f"{key}: {source} has no text tokenizer")
     return ckpt
+
+
+@contextmanager
+def hold_run_folder(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s writer lock (:class:`ernie5.store.runs.RunLock`) for the block, in the first
+    process of a run (``RANK`` 0; the other processes write through it): two runs into one folder would
+    interleave their checkpoints. Another holder is a one-line :class:`RunError`."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    try:
+        lock = RunLock(run_dir)
+    except RunLocked as e:
+        raise RunError(str(e)) from None
+    try:
+        yield
+    finally:
+        lock.release()

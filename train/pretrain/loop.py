@@ -89,6 +89,7 @@ from train.common.run_folder import (
     RunError,
     cut_metrics,
     drop_old_checkpoints,
+    hold_run_folder,
     load_start,
     open_run_dir,
 )
@@ -545,12 +546,14 @@ class Trainer:
         drop_old_checkpoints(self.run_dir, self.cfg.train.keep_ckpts)
 
     def run(self) -> dict:
-        """Train to ``train.steps``; returns the last logged record."""
-        self._setup()
-        try:
-            return self._train()
-        finally:
-            self.stream.close()  # the data-loader workers, if any
+        """Train to ``train.steps``; returns the last logged record. The first process holds the run
+        folder's lock throughout (a second run into the same folder is a one-line error)."""
+        with hold_run_folder(self.run_dir):
+            self._setup()
+            try:
+                return self._train()
+            finally:
+                self.stream.close()  # the data-loader workers, if any
 
     def _train(self) -> dict:
         with preemptible(self.cfg.train.preempt_grace_s) as stop:

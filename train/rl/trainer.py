@@ -106,6 +106,7 @@ from train.common.run_folder import (
     RunError,
     cut_metrics,
     drop_old_checkpoints,
+    hold_run_folder,
     load_start,
     open_run_dir,
 )
@@ -739,7 +740,11 @@ class RLTrainer:
 
     def run(self, until: int | None = None) -> dict:
         """Train to ``rl.steps`` (or stop after step ``until``, as an interrupted run would, leaving its
-        checkpoint to resume from); returns the last record."""
+        checkpoint to resume from); returns the last record. The run folder's lock is held throughout."""
+        with hold_run_folder(self.run_dir):
+            return self._run(until)
+
+    def _run(self, until: int | None) -> dict:
         self._setup()
         cfg = self.cfg
         if cfg.rollout.pool_size and not self.pass_init:

@@ -72,3 +72,31 @@ def test_first_difference_names_the_dotted_key():
     assert first_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == "a.c: 2 -> 3"
     assert first_difference({"a": 1}, {"b": 1}) == "a differs"
     assert first_difference({"a": 1}, {"a": 1}) == ""
+
+
+def test_two_runs_into_one_folder_get_the_one_line_lock_error(tmp_path):
+    """A second train / sft / rl into a folder another process is writing: one line, nothing written
+    (they interleaved checkpoints before)."""
+    import subprocess
+    import sys
+
+    from train.common.run_folder import RunError, hold_run_folder
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from ernie5.store.runs import RunLock; "
+         f"lock = RunLock({str(run)!r}); print('locked', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with (
+            pytest.raises(RunError, match=rf"{run} is being written by process {holder.pid}"),
+            hold_run_folder(run),
+        ):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with hold_run_folder(run):  # free once the holder is gone
+        pass
