@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from ernie5.config import ConfigError, from_dict, read_yaml, to_dict
 from ernie5.model.config import ModelConfig
 from ernie5.store.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, load_checkpoint
-from ernie5.store.runs import RunLock, RunLocked, read_jsonl, rewrite_jsonl
+from ernie5.store.runs import LOCK_FILE, RunLock, RunLocked, read_jsonl, rewrite_jsonl
 
 C = TypeVar("C")
 
@@ -147,6 +147,8 @@ def hold_run_folder(run_dir: Path) -> Iterator[None]:
     if int(os.environ.get("RANK", "0")) != 0:
         yield
         return
+    run_dir = Path(run_dir)
+    existed = run_dir.exists()
     try:
         lock = RunLock(run_dir)
     except RunLocked as e:
@@ -155,3 +157,5 @@ def hold_run_folder(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         lock.release()
+        if not existed and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:
+            shutil.rmtree(run_dir)  # a run that failed before writing anything leaves no folder
