@@ -106,6 +106,9 @@ class SweepSummary:
     cache_misses: int = 0
     failed: list[str] = field(default_factory=list)
     """``subnet/task: reason`` of every unit of the sweep recorded as an error (all processes)."""
+    unavailable: dict[str, str] = field(default_factory=dict)
+    """Task -> why it was skipped (missing data, a modality the model lacks, ...) with how to supply it,
+    for every task of the suite that was not evaluated, reused or not (the console names them)."""
 
     @property
     def overhead_share(self) -> float:
@@ -304,6 +307,7 @@ def run_sweep(
     lock = _lock(run_dir, dist)
     try:
         summary = _evaluate_units(ckpt, ckpt_hash, cfg, units, data_dir, run_dir, dist, cache_path, quiet)
+        summary.unavailable = {u.task.name: u.reason for u in units if not u.available}
         if dist.main:
             names = [(u.name, u.task.name) for u in units]
             efficiency = (

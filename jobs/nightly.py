@@ -64,6 +64,7 @@ def run_nightly(
         "skipped": summary.skipped,
         "errors": summary.errors,
         "failed_units": summary.failed,
+        "skipped_tasks": summary.unavailable,
         "harness_overhead_share": round(summary.overhead_share, 4),
     }
     from reports import build_report, compare_runs

@@ -66,6 +66,18 @@ def add_specialists_parser(sub) -> None:
     sp.set_defaults(fn=cmd_specialists)
 
 
+def _skipped_tasks(command: str, unavailable: dict[str, str], strict: bool) -> None:
+    """Name every task the run skipped on stderr, with its reason and how to supply it; under
+    ``--strict`` a skip is bad input (exit 2)."""
+    if not unavailable:
+        return
+    print(f"ernie5 {command}: skipped {len(unavailable)} task(s):", file=sys.stderr)
+    for task, reason in sorted(unavailable.items()):
+        print(f"  {task}: {reason}", file=sys.stderr)
+    if strict:
+        raise CLIError(f"--strict: {len(unavailable)} task(s) skipped (first: {min(unavailable)})")
+
+
 def _failed_units(command: str, failed: list[str], n_units: int, run_dir) -> int:
     """Exit 3 with a one-line summary when any unit of the sweep is an error, else 0."""
     if not failed:
@@ -118,6 +130,7 @@ def cmd_sweep(args) -> int:
         confirm_run_unsafe_code=args.confirm_run_unsafe_code,
     )
     print(json.dumps(_sweep_summary(summary)))
+    _skipped_tasks("sweep", getattr(summary, "unavailable", {}), getattr(args, "strict", False))
     return _failed_units("sweep", summary.failed, summary.n_units, summary.run_dir)
 
 
@@ -136,6 +149,9 @@ def add_sweep_parser(sub) -> None:
     )
     sw.add_argument("--cache", help="response cache file (default: RUN_DIR/cache.sqlite)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument(
+        "--strict", action="store_true", help="a skipped task (missing data, ...) is an error (exit 2)"
+    )
     sw.add_argument(
         "--confirm-run-unsafe-code",
         action="store_true",
@@ -178,6 +194,7 @@ def cmd_nightly(args) -> int:
         quiet=args.quiet,
         confirm_run_unsafe_code=args.confirm_run_unsafe_code,
     )
+    _skipped_tasks("nightly", result.get("skipped_tasks", {}), getattr(args, "strict", False))
     return _failed_units("nightly", result["failed_units"], result["units"], result["run_dir"])
 
 
@@ -192,6 +209,9 @@ def add_nightly_parser(sub) -> None:
     n.add_argument("--out", default=None, help="run folder (default: runs/nightly-<date>)")
     n.add_argument("--baseline", help="an earlier run folder to compare against")
     n.add_argument("--quiet", action="store_true")
+    n.add_argument(
+        "--strict", action="store_true", help="a skipped task (missing data, ...) is an error (exit 2)"
+    )
     n.add_argument(
         "--confirm-run-unsafe-code",
         action="store_true",

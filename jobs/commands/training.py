@@ -24,10 +24,11 @@ def cmd_train(args) -> int:
     from train.pretrain.loop import pretrain
 
     check_out(args.out)
-    cfg = load_run_config(args.config, with_device(args, "train.device"))
+    cfg = load_run_config(args.config, with_strict(args, with_device(args, "train.device")))
     last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
     if last and int(os.environ.get("RANK", "0")) == 0:  # one summary for a multi-process run
         print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
+    skipped_sources("train", args.out)
     return 0
 
 
@@ -42,6 +43,7 @@ def add_train_parser(sub) -> None:
     )
     t.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--strict", action="store_true", help="a data source without data is an error (exit 2)")
     device_argument(t, "train.device")
     t.set_defaults(fn=cmd_train)
 
@@ -62,14 +64,34 @@ def cmd_sft(args) -> int:
         args.checkpoint,
         args.out,
         config=args.config,
-        overrides=with_device(args, "train.device"),
+        overrides=with_strict(args, with_device(args, "train.device")),
         resume=args.resume,
         data_dir=args.data_dir,
         quiet=args.quiet,
     )
     if last:
         print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
+    skipped_sources("sft", args.out)
     return 0
+
+
+def with_strict(args, overrides: list[str]) -> list[str]:
+    """``--strict`` as ``data.strict=true`` (winning over a ``--set`` of it)."""
+    return [*overrides, "data.strict=true"] if getattr(args, "strict", False) else overrides
+
+
+def skipped_sources(command: str, out) -> None:
+    """Name on stderr every data source the run skipped, with how to supply it (from its meta.json)."""
+    from pathlib import Path
+
+    meta = Path(out) / "meta.json"
+    if int(os.environ.get("RANK", "0")) != 0 or not meta.is_file():
+        return
+    skipped = json.loads(meta.read_text()).get("data_sources_skipped") or {}
+    if skipped:
+        print(f"ernie5 {command}: trained without {len(skipped)} data source(s):", file=sys.stderr)
+        for name, why in sorted(skipped.items()):
+            print(f"  {name}: {why}", file=sys.stderr)
 
 
 def cmd_rl(args) -> int:
@@ -106,6 +128,10 @@ def add_sft_rl_parser(sub) -> None:
         )
         pt.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
         pt.add_argument("--quiet", action="store_true", help="no progress bar")
+        if name == "sft":
+            pt.add_argument(
+                "--strict", action="store_true", help="a data source without data is an error (exit 2)"
+            )
         device_argument(pt, "rl.device" if name == "rl" else "train.device")
         pt.set_defaults(fn=fn)
 

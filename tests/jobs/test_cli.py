@@ -425,3 +425,41 @@ def test_device_is_the_config_key_and_wins_over_a_set_of_it(command, key):
     assert with_device(build_parser().parse_args([command, "--out", "o", *source]), key) == []
     if command == "train":  # the later override wins
         assert load_run_config("micro", with_device(args, key)).train.device == "cpu"
+
+
+def test_nothing_is_skipped_silently(tmp_path, capsys):
+    """sft without its data root trained on 4 of 12 sources and said so only in a log; every skipped
+    source or task is now named on stderr with how to supply it, and --strict makes a skip exit 2."""
+    empty = tmp_path / "empty_root"
+    empty.mkdir()
+    args = ["train", "--config", "micro", "--data-dir", str(empty), "--quiet"]
+    for item in (
+        "data.tokenizer_chars=20000",
+        "train.steps=2",
+        "data.sources={shakespeare: 0.5, procedural: 0.5}",
+    ):
+        args += ["--set", item]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "ernie5 train: trained without 1 data source(s):" in err and "  shakespeare: " in err
+    assert main([*args, "--out", str(tmp_path / "b"), "--strict"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.strict: 1 source(s) have no data (first: shakespeare" in err[0]
+    assert not (tmp_path / "b").exists()
+    sweep = [
+        "sweep",
+        "--checkpoint",
+        "reference",
+        "--suite",
+        "smoke",
+        "--data-dir",
+        str(empty),
+        "--quiet",
+        "--limit",
+        "2",
+    ]
+    assert main([*sweep, "--out", str(tmp_path / "s")]) == 0
+    err = capsys.readouterr().err
+    assert "ernie5 sweep: skipped " in err and "task(s):" in err
+    assert main([*sweep, "--out", str(tmp_path / "s2"), "--strict"]) == 2
+    assert "--strict: " in capsys.readouterr().err

@@ -53,7 +53,9 @@ class DataConfig:
     """Rows per micro-batch (per process)."""
     sources: dict[str, float] = field(default_factory=lambda: {"shakespeare": 0.5, "procedural": 0.5})
     """Source name -> sampling weight. Sources needing the data root are skipped (renormalised)
-    when their files are missing; ``procedural`` always works."""
+    when their files are missing, and named on the console at the end; ``procedural`` always works."""
+    strict: bool = False
+    """A source skipped for missing data is an error before any step (``--strict``), not a skip."""
     data_dir: str = ""
     """Data root ('' = ``--data-dir`` or ``$ERNIE5_DATA_DIR``)."""
     tokenizer_chars: int = 2_000_000

@@ -190,6 +190,11 @@ class Trainer:
             if why is not None:
                 raise RunError(why)
         self.sources = open_sources(cfg.data, self.data_dir, cfg.model.vision.image_size)
+        if cfg.data.strict and self.sources.skipped:
+            name, why = next(iter(self.sources.skipped.items()))
+            raise RunError(
+                f"data.strict: {len(self.sources.skipped)} source(s) have no data (first: {name}: {why})"
+            )
         tok_path = self.run_dir / "tokenizer.json"
         if self.resume_dir is not None:
             resumed = load_checkpoint(self.resume_dir, fast=False)
