@@ -136,7 +136,7 @@ def read_unit(path: Path) -> dict[str, Any] | None:
     """A unit record, or None if it is absent or unreadable (then it is recomputed)."""
     try:
         rec = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: recompute it
         return None
     return rec if isinstance(rec, dict) and "fingerprint" in rec else None
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ernie5", "train", "evals", "reports", "jobs", "suites")
 USED_WITHOUT_IMPORT = {"pyarrow": ("evals/results.py", ".to_parquet(")}
 """Declared packages the code uses through another one: name -> (file, the call that needs it)."""
-TOOLS = {"pytest", "ruff"}
+TOOLS = {"pytest", "ruff", "hypothesis"}  # the test runner, the linter, the fuzzer (tests/test_fuzz.py)
 """Packages of the ``test`` extra that run the tests rather than being imported."""
 
 

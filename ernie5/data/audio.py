@@ -148,6 +148,11 @@ def resample(x: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
     return resample_poly(x, target_sr // g, orig_sr // g).astype(np.float32)
 
 
+MIN_RATE, MAX_RATE = 1000, 384_000
+"""The sample rates :func:`read_wav` accepts: the resampled clip is then at most ``target_sr / 1000``
+times the file's samples (a header claiming 2 GHz asked for a 128 GiB array)."""
+
+
 def read_wav(path: str | Path, target_sr: int = SAMPLE_RATE) -> np.ndarray:
     """A PCM WAV file as ``float32 (S,)`` in [-1, 1] at ``target_sr``.
 
@@ -167,8 +172,16 @@ def read_wav(path: str | Path, target_sr: int = SAMPLE_RATE) -> np.ndarray:
                 f.getnframes(),
             )
             raw = f.readframes(n_frames)
-    except (wavelib.Error, EOFError) as e:
-        raise DataCorrupt(path, None, f"not a readable PCM WAV file ({e})") from None
+    except (wavelib.Error, EOFError, RuntimeError, ValueError) as e:  # wave's seek raises RuntimeError
+        raise DataCorrupt(path, None, f"not a readable PCM WAV file ({e or type(e).__name__})") from None
+    if not MIN_RATE <= rate <= MAX_RATE or n_channels < 1:
+        raise DataCorrupt(
+            path,
+            None,
+            f"a header of {n_channels} channel(s) at {rate} Hz (expected {MIN_RATE}-{MAX_RATE} Hz)",
+        )
+    if width in (1, 2, 3, 4) and len(raw) % width:
+        raise DataCorrupt(path, None, f"{len(raw)} data bytes are not whole {width}-byte samples")
     if width == 1:
         x = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     elif width == 2:
