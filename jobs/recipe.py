@@ -1,6 +1,6 @@
 """``ernie5 recipe reference``: reproduce the shipped reference model from nothing.
 
-One command, unattended, seeded, in six stages under ``--out DIR``:
+One command, unattended, seeded, in these stages under ``--out DIR``:
 
     DIR/vision/     the vision tokenizer (2D, then 3D; ``ernie5 train-vision-tokenizer``)
     DIR/codec/      the RVQ audio codec (``ernie5 train-audio-codec``)
@@ -10,10 +10,16 @@ One command, unattended, seeded, in six stages under ``--out DIR``:
                     a lower learning rate decaying to almost zero, on new batches, with the clean FSDD
                     and shapes sources weighted up by two amounts (:data:`ANNEAL_OVERRIDES`,
                     :data:`ANNEAL_MIXES`)
+    DIR/soup1/      their uniform soup, exported as the reference is (bf16 parameters): the second
+                    reference (v2) was this folder
+    DIR/continue/   the soup continued (:data:`CONTINUE_OVERRIDES`): 6000 more steps with a fresh
+                    optimizer, new batches and a second warmup-stable-decay cycle at half the peak
+                    learning rate
+    DIR/anneal2/    the continuation's anneal, twice (``a/``, ``b/``), as the first round
     DIR/refiner/    the cascaded refiner on the 2D tokenizer's round trips (``ernie5 train-refiner``)
-    DIR/reference/  the export: the uniform soup (weight mean, :mod:`train.common.soup`) of the two
-                    anneals' last checkpoints with the tokenizer, codec and refiner, parameters in
-                    bf16, no optimizer state (the folder the package ships)
+    DIR/reference/  the export: the uniform soup (weight mean, :mod:`train.common.soup`) of the second
+                    round's anneals with the tokenizer, codec and refiner, parameters in bf16, no
+                    optimizer state (the folder the package ships)
     DIR/recipe.json what was run: every stage's config and wall time, and the sha256 of every input
                     file read from the data root
 
@@ -54,6 +60,11 @@ CODEC_OVERRIDES = ["steps=3000"]
 REFINER_OVERRIDES = ["steps=400"]
 """The refiner's recipe: 400 steps on shapes and MNIST degraded by the 2D tokenizer and blur (it only
 upsamples generated images; the backbone does not depend on it, so it trains after the backbone)."""
+CONTINUE_OVERRIDES = ["train.steps=6000", "train.seed=2", "optim.lr=0.0005"]
+"""The continuation's recipe, over the backbone's preset (its WSD schedule, warmup and decay): 6000 more
+steps from the first soup, a fresh optimizer, new batches from seed 2, peak learning rate 5e-4. The
+backbone was still learning at 8000 steps, the video tasks most of all (MODEL_CARD.md: the same
+continuation from the backbone's last checkpoint took ``video_digits`` from 0.710 to 0.925)."""
 ANNEAL_OVERRIDES = [
     "train.steps=1500",
     "train.seed=1",
@@ -76,8 +87,8 @@ Measured on the reference suite (MODEL_CARD.md): the backbone alone has ``video_
 ``b`` 0.830 / 0.730 / 0.560; their soup 0.860 / 0.710 / 0.515, with the lowest seen-speaker WER of the
 four (0.057, against 0.082 / 0.066 / 0.064) and every text task at or near the better branch's level."""
 PRESET = "reference"
-STAGES = ("vision", "codec", "backbone", "anneal", "refiner")
-"""The trained stages, in order (the export follows)."""
+STAGES = ("vision", "codec", "backbone", "anneal", "continue", "refiner")
+"""The trained stages, in order (the export follows); ``anneal`` names both rounds of anneals."""
 
 DATA_FOLDERS = ("mnist", "fsdd", "tinyshakespeare", "babi_qa1", "gsm8k", "svamp", "arc", "openbookqa")
 """The data-root folders the recipe's stages may read (their files are hashed into recipe.json)."""
@@ -266,21 +277,47 @@ def run_recipe(
     bcfg = load(RunConfig, resolve_config_path(PRESET), [*side_models, *extra["backbone"]])
     backbone = out / "backbone"
     timed("backbone", dump(bcfg), lambda: _train_run(bcfg, backbone, data_dir, quiet))
-    anneals = []
-    for mix, mix_overrides in ANNEAL_MIXES.items():
-        acfg = load(
-            RunConfig,
-            resolve_config_path(PRESET),
-            [
-                *side_models,
-                f"train.init_from={checkpoint_dir(backbone, bcfg.train.steps)}",
-                *ANNEAL_OVERRIDES,
-                *mix_overrides,
-                *extra["anneal"],
-            ],
-        )
-        anneals.append(out / "anneal" / mix)
-        timed(f"anneal_{mix}", dump(acfg), lambda c=acfg, d=anneals[-1]: _train_run(c, d, data_dir, quiet))
+
+    def anneal_round(start: Path, folder: Path, name: str) -> list[Path]:
+        """Both anneals of one round from the checkpoint ``start``, into ``folder/a`` and ``folder/b``."""
+        runs = []
+        for mix, mix_overrides in ANNEAL_MIXES.items():
+            acfg = load(
+                RunConfig,
+                resolve_config_path(PRESET),
+                [
+                    *side_models,
+                    f"train.init_from={start}",
+                    *ANNEAL_OVERRIDES,
+                    *mix_overrides,
+                    *extra["anneal"],
+                ],
+            )
+            runs.append(folder / mix)
+            timed(f"{name}_{mix}", dump(acfg), lambda c=acfg, d=runs[-1]: _train_run(c, d, data_dir, quiet))
+        return runs
+
+    first = anneal_round(checkpoint_dir(backbone, bcfg.train.steps), out / "anneal", "anneal")
+    soup1 = out / "soup1"
+    timed(
+        "soup1",
+        "",
+        lambda: _stage(
+            soup1,
+            lambda d: (d / "meta.json").is_file(),
+            lambda tmp: export_reference(first, tmp, None, {"preset": PRESET, "stage": "soup1"}),
+            "first soup",
+            quiet,
+        ),
+    )
+    cont_cfg = load(
+        RunConfig,
+        resolve_config_path(PRESET),
+        [*side_models, f"train.init_from={soup1}", *CONTINUE_OVERRIDES, *extra["continue"]],
+    )
+    continued = out / "continue"
+    timed("continue", dump(cont_cfg), lambda: _train_run(cont_cfg, continued, data_dir, quiet))
+    anneals = anneal_round(checkpoint_dir(continued, cont_cfg.train.steps), out / "anneal2", "anneal2")
     rcfg = load(RefinerTrainConfig, None, REFINER_OVERRIDES + extra["refiner"])
     timed(
         "refiner",

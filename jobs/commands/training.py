@@ -291,7 +291,8 @@ def add_recipe_parser(sub) -> None:
         "--set",
         action="append",
         metavar="STAGE.KEY=VALUE",
-        help="override a stage's config (vision, codec, refiner, backbone), e.g. backbone.train.steps=8",
+        help="override a stage's config (vision, codec, backbone, anneal, continue, refiner), "
+        "e.g. backbone.train.steps=8",
     )
     rc.add_argument(
         "--install", action="store_true", help="copy the export into the package (ernie5/reference)"

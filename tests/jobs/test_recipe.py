@@ -32,6 +32,8 @@ TINY = [
     "refiner.eval_images=2",
     "refiner.eval_steps=[1]",
     "backbone.train.steps=2",
+    "continue.train.steps=2",
+    "continue.data.batch_size=1",
     "anneal.train.steps=2",
     "anneal.data.batch_size=1",
     "backbone.train.ckpt_every=1",
@@ -60,6 +62,10 @@ def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir)
         "backbone",
         "anneal_a",
         "anneal_b",
+        "soup1",
+        "continue",
+        "anneal2_a",
+        "anneal2_b",
         "export",
     }
     assert all(record["stages"][s]["seconds"] > 0 for s in record["stages"])
@@ -74,16 +80,28 @@ def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir)
     assert {dtypes[k] for k in dtypes if k in params} == {"BF16"}
     assert ckpt.meta["reference"]["recipe"]["preset"] == "reference"
     assert ckpt.meta["reference"]["step"] == 2
-    # the export is the soup of the two anneals, and each started from the backbone's last checkpoint
-    mixes = {}
-    for mix in ("a", "b"):
-        anneal = yaml.safe_load((recipe_dir / "anneal" / mix / "config.yaml").read_text())
-        assert anneal["train"]["init_from"] == str(recipe_dir / "backbone" / "checkpoints" / "step_00000002")
-        assert anneal["schedule"]["decay_frac"] == 1.0 and anneal["train"]["seed"] == 1
-        mixes[mix] = anneal["data"]["sources"]
-    assert mixes["a"] != mixes["b"]
+    # round 1: two anneals from the backbone's last checkpoint, their soup; the continuation starts from
+    # that soup with its own seed and learning rate; round 2: two anneals from the continuation's last
+    # checkpoint, whose soup is the export
+    ckpts = {"anneal": "backbone", "anneal2": "continue"}
+    for round_, start in ckpts.items():
+        mixes = {}
+        for mix in ("a", "b"):
+            anneal = yaml.safe_load((recipe_dir / round_ / mix / "config.yaml").read_text())
+            assert anneal["train"]["init_from"] == str(recipe_dir / start / "checkpoints" / "step_00000002")
+            assert anneal["schedule"]["decay_frac"] == 1.0 and anneal["train"]["seed"] == 1
+            mixes[mix] = anneal["data"]["sources"]
+        assert mixes["a"] != mixes["b"]
+    cont = yaml.safe_load((recipe_dir / "continue" / "config.yaml").read_text())
+    assert cont["train"]["init_from"] == str(recipe_dir / "soup1")
+    assert cont["train"]["seed"] == 2 and cont["optim"]["lr"] == 0.0005
+    soup1 = load_checkpoint(recipe_dir / "soup1")
+    assert [Path(p).parent.parent.parent.name for p in soup1.meta["reference"]["source_checkpoints"]] == [
+        "anneal"
+    ] * 2
     sources = ckpt.meta["reference"]["source_checkpoints"]
     assert [Path(p).parent.parent.name for p in sources] == ["a", "b"]
+    assert {Path(p).parent.parent.parent.name for p in sources} == {"anneal2"}
     branches = [load_checkpoint(p, fast=False).model.state_dict() for p in sources]
     for name, p in ckpt.model.named_parameters():
         mean = ((branches[0][name].float() + branches[1][name].float()) / 2).to(torch.bfloat16).float()
