@@ -161,8 +161,16 @@ def _icepop_weight(
 ) -> tuple[Tensor, Tensor]:
     """The token IcePop weight ``M(rho_bt) = rho_bt * keep_bt`` (no grad) and the dropped fraction."""
     keep_BT, masked_frac = icepop_mask(logp_train_BT, logp_infer_BT, mask_BT, low, high)
-    rho_BT = torch.exp(logp_train_BT.detach() - logp_infer_BT.detach())
-    return rho_BT * keep_BT, masked_frac
+    return torch.exp(logp_train_BT.detach() - logp_infer_BT.detach()) * keep_BT, masked_frac
+
+
+def _clipped(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
+    """PPO's pessimistic objective ``min(ratio A, clip(ratio, 1 - lo, 1 + hi) A)`` (``adv`` detached,
+    broadcast against ``ratio``) and where its clipped branch is active (bool, same shape)."""
+    adv = adv.detach()
+    unclipped = adv * ratio
+    clipped = adv * ratio.clamp(1 - clip_low, 1 + clip_high)
+    return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
 def misc_loss(
@@ -205,14 +213,11 @@ def misc_loss(
     log_s_B = _row_mean(logp_new_BT.detach() - logp_old_BT.detach(), mask_BT).clamp(max=max_log_ratio)
     log_s_BT = log_s_B[:, None] + logp_new_BT - logp_new_BT.detach()
     s_BT = torch.exp(log_s_BT)
-    adv_B1 = adv_B.detach()[:, None]
-    unclipped_BT = adv_B1 * s_BT
-    clipped_BT = adv_B1 * s_BT.clamp(1 - clip_low, 1 + clip_high)
-    obj_BT = torch.minimum(unclipped_BT, clipped_BT)
+    obj_BT, _ = _clipped(s_BT, adv_B[:, None], clip_low, clip_high)
     term_B = _weighted(_row_mean(weight_BT * obj_BT, mask_BT), seq_weight_B)
     loss = -_seq_mean(term_B, mask_BT)
     s_B = log_s_B.exp()
-    is_clipped_B = adv_B.detach() * s_B.clamp(1 - clip_low, 1 + clip_high) < adv_B.detach() * s_B
+    _, is_clipped_B = _clipped(s_B, adv_B, clip_low, clip_high)
     stats = {
         "clip_frac": _seq_mean(is_clipped_B.float(), mask_BT).detach(),
         "mismatch_masked_frac": mismatch_frac.detach(),
@@ -246,16 +251,14 @@ def grpo_loss(
         Scalar loss (0 with no valid token) and ``{"clip_frac"}``: fraction of valid tokens whose clipped
         branch is active.
     """
-    r_BT = token_ratio(logp_new_BT, logp_old_BT)
-    adv_B1 = adv_B.detach()[:, None]
-    unclipped_BT = adv_B1 * r_BT
-    clipped_BT = adv_B1 * r_BT.clamp(1 - clip_low, 1 + clip_high)
-    obj_BT = torch.minimum(unclipped_BT, clipped_BT)
+    obj_BT, is_clipped_BT = _clipped(
+        token_ratio(logp_new_BT, logp_old_BT), adv_B[:, None], clip_low, clip_high
+    )
     m = mask_BT.to(obj_BT.dtype)
     n_valid = m.sum().clamp_min(1.0)
     w_BT = m if seq_weight_B is None else m * seq_weight_B.detach()[:, None]
     loss = -(obj_BT * w_BT).sum() / n_valid
-    clip_frac = ((clipped_BT < unclipped_BT) & mask_BT).sum() / n_valid
+    clip_frac = (is_clipped_BT & mask_BT).sum() / n_valid
     return loss, {"clip_frac": clip_frac.detach()}
 
 
@@ -278,11 +281,9 @@ def gspo_loss(
         Scalar loss and ``{"clip_frac"}``: fraction of sequences whose clipped branch is active.
     """
     s_B = sequence_ratio(logp_new_BT, logp_old_BT, mask_BT)
-    adv_B = adv_B.detach()
-    unclipped_B = adv_B * s_B
-    clipped_B = adv_B * s_B.clamp(1 - clip_low, 1 + clip_high)
-    loss = -_seq_mean(_weighted(torch.minimum(unclipped_B, clipped_B), seq_weight_B), mask_BT)
-    clip_frac = _seq_mean((clipped_B < unclipped_B).float(), mask_BT)
+    obj_B, is_clipped_B = _clipped(s_B, adv_B, clip_low, clip_high)
+    loss = -_seq_mean(_weighted(obj_B, seq_weight_B), mask_BT)
+    clip_frac = _seq_mean(is_clipped_B.float(), mask_BT)
     return loss, {"clip_frac": clip_frac.detach()}
 
 
@@ -310,14 +311,13 @@ def grpo_icepop_loss(
         active) and ``mismatch_masked_frac`` (:func:`icepop_mask`).
     """
     weight_BT, mismatch_frac = _icepop_weight(logp_old_BT, logp_infer_BT, mask_BT, icepop_low, icepop_high)
-    r_BT = token_ratio(logp_new_BT, logp_old_BT)
-    adv_B1 = adv_B.detach()[:, None]
-    unclipped_BT = adv_B1 * r_BT
-    clipped_BT = adv_B1 * r_BT.clamp(1 - clip_low, 1 + clip_high)
-    term_B = _weighted(_row_mean(weight_BT * torch.minimum(unclipped_BT, clipped_BT), mask_BT), seq_weight_B)
+    obj_BT, is_clipped_BT = _clipped(
+        token_ratio(logp_new_BT, logp_old_BT), adv_B[:, None], clip_low, clip_high
+    )
+    term_B = _weighted(_row_mean(weight_BT * obj_BT, mask_BT), seq_weight_B)
     loss = -_seq_mean(term_B, mask_BT)
     n_valid = mask_BT.sum().clamp_min(1)
-    clip_frac = ((clipped_BT < unclipped_BT) & mask_BT).sum() / n_valid
+    clip_frac = (is_clipped_BT & mask_BT).sum() / n_valid
     return loss, {"clip_frac": clip_frac.detach(), "mismatch_masked_frac": mismatch_frac.detach()}
 
 
@@ -348,14 +348,12 @@ def gspo_icepop_loss(
     rho_B = torch.exp(_row_mean(logp_old_BT.detach() - logp_infer_BT.detach(), mask_BT))
     keep_B = (rho_B >= icepop_low) & (rho_B <= icepop_high)
     s_B = sequence_ratio(logp_new_BT, logp_old_BT, mask_BT)
-    adv_B = adv_B.detach()
-    unclipped_B = adv_B * s_B
-    clipped_B = adv_B * s_B.clamp(1 - clip_low, 1 + clip_high)
-    term_B = _weighted(rho_B * keep_B * torch.minimum(unclipped_B, clipped_B), seq_weight_B)
+    obj_B, is_clipped_B = _clipped(s_B, adv_B, clip_low, clip_high)
+    term_B = _weighted(rho_B * keep_B * obj_B, seq_weight_B)
     loss = -_seq_mean(term_B, mask_BT)
     n_tok_B = mask_BT.sum(-1)
     masked_frac = (n_tok_B * ~keep_B).sum().float() / n_tok_B.sum().clamp_min(1).float()
-    clip_frac = _seq_mean((clipped_B < unclipped_B).float(), mask_BT)
+    clip_frac = _seq_mean(is_clipped_B.float(), mask_BT)
     return loss, {"clip_frac": clip_frac.detach(), "mismatch_masked_frac": masked_frac.detach()}
 
 
