@@ -226,9 +226,14 @@ class OutputRollouts:
         raise NotImplementedError
 
     def prompt(self, r: Rollout) -> Any:
-        """The prompt of ``r``'s query (built once per query)."""
+        """The prompt of ``r``'s query (built once per query).
+
+        Built outside inference mode even when the engine asks for it while sampling: the learner
+        differentiates through the prompt's media features (an fp32 learner feeds the cached pixels
+        to the vision encoder as they are, and autograd cannot save an inference tensor)."""
         if r.query not in self._prompts:
-            self._prompts[r.query] = self.make_prompt(self.query_of(r.query))
+            with torch.inference_mode(False), torch.no_grad():
+                self._prompts[r.query] = self.make_prompt(self.query_of(r.query))
         return self._prompts[r.query]
 
     def forget(self, queries) -> None:

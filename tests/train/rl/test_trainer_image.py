@@ -140,3 +140,16 @@ def test_images_mix_with_text_tasks_and_resume_exactly(mm_ckpt, tmp_path):
     a = load_checkpoint(checkpoint_dirs(tmp_path / "whole")[-1], fast=False).model.state_dict()
     b = load_checkpoint(checkpoint_dirs(tmp_path / "cut")[-1], fast=False).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("engine", ["learner", "inference"])
+def test_an_fp32_learner_trains_on_questions_about_images(mm_ckpt, tmp_path, engine):
+    # The prompt's pixels are built while the engine samples (inference mode) and cached; the fp32
+    # learner then feeds them to the vision encoder with autograd on. Before the prompts were built
+    # outside inference mode this raised "Inference tensors cannot be saved for backward" (the
+    # rl-study objective set-up: rl.dtype=fp32 with shapes_vqa_attr).
+    rollout = RolloutConfig(queries_per_step=2, group_size=3, chunk=2, max_new_tokens=2, engine=engine)
+    cfg = media_rl_config(mm_ckpt, {"shapes_vqa_attr": 1.0}, steps=1, rollout=rollout)
+    RLTrainer(cfg, tmp_path / "rl", {"shapes_vqa_attr": TaskVerifier("shapes_vqa_attr")}, quiet=True).run()
+    (rec,) = step_records(tmp_path / "rl")
+    assert math.isfinite(rec["grad_norm"]) and rec["rows_by_task"] == {"shapes_vqa_attr": 6}
