@@ -17,7 +17,9 @@ Over 500 lines for one reason: one class, whose seven request kinds share its ba
 media encoding and tallies over one bound sub-model.
 
 Batches: requests are sorted by length and scored ``batch_size`` at a time (right padding for
-scoring, left padding for generation), then returned in the original order.
+scoring, left padding for generation), then returned in the original order. Log-likelihood requests
+that share a context (the choices of one question) share its forward: one forward for one-token
+choices, the context's KV cache continued for longer ones (:mod:`evals.shared_context`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
 from ernie5.model.model import ModelOutput
 from ernie5.sequence import audio as audio_docs
-from ernie5.sequence.context import ContextError, context_document, media_segments
-from ernie5.sequence.segments import pack, text_segment
+from ernie5.sequence.context import ContextError, context_document, media_segments, media_segments_many
+from ernie5.sequence.segments import text_segment
 from ernie5.sequence.vision import (
     prompt_ids,
     to_pixels,
@@ -63,6 +65,7 @@ from evals.api import (
     RollingResult,
     SpeechGenerationRequest,
 )
+from evals.shared_context import Choice, score_choices, score_each
 
 ADAPTER_VERSION = 1
 """Bumped when tokenisation or scoring conventions change (it is part of the fingerprint)."""
@@ -112,6 +115,10 @@ class Ernie5EvalModel:
         batch_size: requests per forward.
         routing: record expert loads in every answer.
         ckpt_hash: the checkpoint's hash, when the caller has it already (computed otherwise).
+        share_context: score the choices that share a context after one forward of it, and encode
+            a call's images and clips in batches (False: each request's whole document on its own
+            and each item's media alone: the adapter before sharing, the baseline of ``ernie5 bench
+            harness``).
     """
 
     def __init__(
@@ -122,6 +129,7 @@ class Ernie5EvalModel:
         *,
         routing: bool = True,
         ckpt_hash: str | None = None,
+        share_context: bool = True,
     ) -> None:
         if ckpt.tokenizer is None:
             raise EvalInputError(f"{ckpt.path}: the checkpoint has no tokenizer.json")
@@ -133,6 +141,7 @@ class Ernie5EvalModel:
         self.ckpt_hash = ckpt_hash or checkpoint_hash(ckpt.path)
         self.subnet = subnet or Subnet.full(ckpt.cfg)
         self.routing = routing
+        self.share_context = share_context
 
     # ---------------------------------------------------------------- identity
     @property
@@ -157,11 +166,11 @@ class Ernie5EvalModel:
             parts.append(p)
         return "".join(parts)
 
-    def _run(self, inputs: Inputs, real_BT: torch.Tensor, tally: _Tally) -> ModelOutput:
-        """One scoring forward of the sub-model, timed, with the expert loads of the positions
-        ``real_BT`` marks recorded."""
+    def _run(self, inputs: Inputs, real_BT: torch.Tensor, tally: _Tally, cache=None) -> ModelOutput:
+        """One scoring forward of the sub-model (continuing ``cache`` when given), timed, with the
+        expert loads of the positions ``real_BT`` marks recorded."""
         with torch.inference_mode():
-            out = tally.timed(self.model, inputs, subnet=self.subnet)
+            out = tally.timed(self.model, inputs, subnet=self.subnet, cache=cache)
         tally.record(out, real_BT)
         return out
 
@@ -200,33 +209,81 @@ class Ernie5EvalModel:
 
     # ---------------------------------------------------------------- EvalModel
     def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> Answers[LoglikelihoodResult]:
-        """log P(continuation | context) per request (see module docstring for tokenisation)."""
+        """log P(continuation | context) per request (see module docstring for tokenisation); requests
+        that share a context share its forward (:mod:`evals.shared_context`)."""
         tally = _Tally(self.routing)
-        results: list[LoglikelihoodResult | None] = [None] * len(requests)
-        costs: list[Cost] = [Cost()] * len(requests)
-        media = [i for i, r in enumerate(requests) if _has_media(r.context)]
-        text = [i for i, r in enumerate(requests) if not _has_media(r.context)]
-        if media:
-            got, got_costs = self._media_loglikelihood([requests[i] for i in media], tally)
-            for i, r, c in zip(media, got, got_costs, strict=True):
-                results[i], costs[i] = r, c
-        if text:
-            seqs = []
-            for i in text:
-                r = requests[i]
-                ctx_text = self._text(r.context)
-                ctx = self.tokenizer.encode(ctx_text)
-                whole = self.tokenizer.encode(ctx_text + r.continuation)
-                if whole[: len(ctx)] == ctx:
-                    cont = whole[len(ctx) :]
-                else:
-                    cont = self.tokenizer.encode(r.continuation)
-                toks = [BOS, *ctx, *cont][-(self.max_len + 1) :]
-                seqs.append((toks, min(len(cont), len(toks) - 1)))
-            scored, got_costs = self._score(seqs, tally)
-            for i, (lp, greedy), (_, n), c in zip(text, scored, seqs, got_costs, strict=True):
-                results[i], costs[i] = LoglikelihoodResult(lp, greedy, n), c
+        encoded = self._encode_media(requests)
+        choices = [self._choice(i, r, encoded) for i, r in enumerate(requests)]
+
+        def run(inputs: Inputs, real_BT: torch.Tensor, cache) -> ModelOutput:
+            return self._run(inputs, real_BT, tally, cache)
+
+        if self.share_context:
+            scored = score_choices(choices, run, self.model.new_cache, self.batch_size)
+        else:
+            scored = score_each(choices, run, self.batch_size)
+        results, costs = [], []
+        for c in choices:
+            got = scored[c.index]
+            results.append(LoglikelihoodResult(got.logprob, got.greedy, len(c.cont)))
+            costs.append(got.cost)
         return tally.answers(results, costs)
+
+    def _choice(self, index: int, r: LoglikelihoodRequest, encoded: dict[int, list]) -> Choice:
+        """One request as a continuation after a context document. Text: lm-eval's tokenisation, cut
+        from the left to the window. Media: the parts before the last text part as segments (each
+        image, clip or utterance encoded once per call however many choices share it), then that
+        text part and the continuation."""
+        if not _has_media(r.context):
+            ctx_text = self._text(r.context)
+            ctx, cont = self._split(ctx_text, r.continuation)
+            toks = [BOS, *ctx, *cont][-(self.max_len + 1) :]
+            n = min(len(cont), len(toks) - 1)
+            prefix = toks[: len(toks) - n]
+            return Choice(index, ("text", tuple(prefix)), [text_segment(prefix)], toks[len(toks) - n :])
+        parts = list(r.context)
+        last = parts.pop() if isinstance(parts[-1], str) else ""
+        segs, key = [text_segment([BOS])], []
+        for p in parts:
+            if isinstance(p, MediaPart):
+                segs += encoded[id(p.data)]
+                key.append((p.modality, id(p.data)))
+            else:
+                segs.append(text_segment(self.tokenizer.encode(p)))
+                key.append(p)
+        ctx, cont = self._split(last, r.continuation)
+        if ctx:
+            segs.append(text_segment(ctx))
+        length = sum(len(s) for s in segs) + len(cont)
+        if length > self.max_len:
+            raise EvalInputError(f"a media context of {length} positions exceeds max_seq_len={self.max_len}")
+        return Choice(index, ("media", tuple(key), tuple(ctx)), segs, cont)
+
+    def _encode_media(self, requests: list[LoglikelihoodRequest]) -> dict[int, list]:
+        """``id(part.data)`` -> the segments of every media part of ``requests``, each encoded once
+        however many choices share it; images and clips of one shape in batches (one at a time
+        without ``share_context``)."""
+        parts: dict[int, MediaPart] = {}
+        for r in requests:
+            if _has_media(r.context):
+                parts.update((id(p.data), p) for p in r.context if isinstance(p, MediaPart))
+        media = self._media_models()
+        try:
+            if self.share_context:
+                segs = media_segments_many(list(parts.values()), **media)
+            else:  # the adapter before sharing: one item at a time
+                segs = [media_segments(p, **media) for p in parts.values()]
+        except ContextError as e:
+            raise EvalInputError(f"{self.ckpt.path}: {e}") from None
+        return dict(zip(parts, segs, strict=True))
+
+    def _split(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Context and continuation tokens: the continuation is the token difference between
+        ``encode(context + continuation)`` and ``encode(context)``, or encoded alone when BPE merges
+        across the boundary."""
+        ctx = self.tokenizer.encode(context)
+        whole = self.tokenizer.encode(context + continuation)
+        return ctx, (whole[len(ctx) :] if whole[: len(ctx)] == ctx else self.tokenizer.encode(continuation))
 
     def loglikelihood_rolling(self, requests: list[RollingRequest]) -> Answers[RollingResult]:
         """log P(document), in half-overlapping windows of ``max_seq_len`` tokens."""
@@ -340,12 +397,6 @@ class Ernie5EvalModel:
         except ContextError as e:
             raise EvalInputError(f"{self.ckpt.path}: {e}") from None
 
-    def _media_segments(self, part: MediaPart) -> list:
-        try:
-            return media_segments(part, **self._media_models())
-        except ContextError as e:
-            raise EvalInputError(f"{self.ckpt.path}: {e}") from None
-
     def _media_models(self) -> dict:
         """The checkpoint's media readers (None where the model lacks the module: the context layout
         then names what is missing)."""
@@ -356,52 +407,6 @@ class Ernie5EvalModel:
             "vision_cfg": self.ckpt.cfg.vision,
             "audio_codec": self.ckpt.audio_codec if audio else None,
         }
-
-    def _media_loglikelihood(
-        self, requests: list[LoglikelihoodRequest], tally: _Tally
-    ) -> tuple[list[LoglikelihoodResult], list[Cost]]:
-        """Continuation log-probabilities after contexts holding images, clips or audio."""
-        docs, n_cont = [], []
-        encoded: dict[int, list] = {}  # the choices of one question share one image: encode it once
-        for r in requests:
-            parts = list(r.context)
-            last = parts[-1] if parts and isinstance(parts[-1], str) else ""
-            if last:
-                parts = parts[:-1]
-            segs = [text_segment([BOS])]
-            for p in parts:
-                if isinstance(p, MediaPart):
-                    if id(p.data) not in encoded:
-                        encoded[id(p.data)] = self._media_segments(p)
-                    segs += encoded[id(p.data)]
-                else:
-                    segs.append(text_segment(self.tokenizer.encode(p)))
-            ctx = self.tokenizer.encode(last)
-            whole = self.tokenizer.encode(last + r.continuation)
-            cont = whole[len(ctx) :] if whole[: len(ctx)] == ctx else self.tokenizer.encode(r.continuation)
-            segs.append(text_segment([*ctx, *cont]))
-            docs.append(segs)
-            n_cont.append(len(cont))
-        results: list[LoglikelihoodResult] = []
-        costs: list[Cost] = []
-        for start in range(0, len(docs), self.batch_size):
-            chunk = docs[start : start + self.batch_size]
-            t0 = time.perf_counter()
-            lengths = [sum(len(s) for s in d) for d in chunk]
-            if max(lengths) > self.max_len:
-                raise EvalInputError(
-                    f"a media context of {max(lengths)} positions exceeds max_seq_len={self.max_len}"
-                )
-            inputs = pack(chunk, max(lengths), n_rows=len(chunk), one_per_row=True).inputs
-            logprobs = self._run(inputs, inputs.doc_ids_BT >= 0, tally).logits_BTV.float().log_softmax(-1)
-            dt = (time.perf_counter() - t0) / len(chunk)
-            for row, (length, n) in enumerate(zip(lengths, n_cont[start : start + len(chunk)])):
-                tgt = inputs.ids_BT[row, length - n : length]
-                lp = logprobs[row, length - n - 1 : length - 1]
-                greedy = bool((lp.argmax(-1) == tgt).all()) if n else True
-                results.append(LoglikelihoodResult(float(lp.gather(-1, tgt[:, None]).sum()), greedy, n))
-                costs.append(Cost(dt, length - n, n))
-        return results, costs
 
     def generate_media(self, requests: list[MediaGenerationRequest]) -> Answers[MediaResult]:
         """Images or clips for text prompts (NFSP with guidance), batched by settings."""

@@ -244,6 +244,8 @@ def test_cli_bench_runs_the_benchmark_and_prints_its_json(monkeypatch, capsys):
         (["bench", "train", "--decoding", "greedy"], "--decoding applies to `bench decode`"),
         (["bench", "moe", "--device", "npu"], "'npu': expected cpu or cuda"),
         (["bench", "moe", "--fp8"], "--fp8 applies to `bench train`, not `bench moe`"),
+        (["bench", "moe", "--items", "3"], "--checkpoint and --items apply to `bench harness`"),
+        (["bench", "harness", "--items", "0"], "--items 0: expected an integer >= 1"),
         (
             ["bench", "train", "--fp8", "--device", "cpu"],
             "--fp8: train.fp8 needs a CUDA GPU (this run is on cpu)",
@@ -324,3 +326,26 @@ def test_activation_checkpointing_shrinks_the_saved_activations():
         _time_step(cfg, "fp32", 2, 64, 1, True, None, 1, 0, "cpu", ac, mem)
         saved[ac] = mem["saved_activation_mb"]
     assert 0 < saved[True] < 0.6 * saved[False]  # the head, MTP module and loss keep theirs
+
+
+def test_bench_harness_times_each_family_shared_and_unshared(tmp_path):
+    """Procedural families are timed both ways; families whose data the (absent) root lacks are
+    skips naming what is missing; the two scorings agree."""
+    from ernie5.store.checkpoint import save_checkpoint
+    from evals.bench import FAMILIES, bench_harness
+    from tests.conftest import micro_multimodal_parts
+
+    model, tok, vtok, codec = micro_multimodal_parts()
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer=tok, vision_tokenizer=vtok, audio_codec=codec)
+    t0 = time.perf_counter()
+    out = bench_harness(str(tmp_path / "ckpt"), data_dir=None, items=2, repeats=1, batch_size=4)
+    wall = time.perf_counter() - t0
+    assert set(out["families"]) == {"digit_vqa_strokes", "shapes_vqa_attr", "video_shapes"}
+    named = {t for tasks in FAMILIES.values() for t in tasks}
+    assert {k.split(":")[-1] for k in [*out["families"], *out["skipped"]]} == named
+    assert all("data" in why or "missing" in why for why in out["skipped"].values())
+    for row in out["families"].values():
+        assert row["items"] == 2 and row["requests"] == round(row["choices_per_item"] * 2)
+        assert 0 < 2 / row["items_per_s_shared"] < wall and 0 < 2 / row["items_per_s_each"] < wall
+        assert row["speedup"] == pytest.approx(row["items_per_s_shared"] / row["items_per_s_each"], rel=0.02)
+        assert row["max_abs_logprob_gap"] < 1e-3

@@ -3,7 +3,8 @@
 One preallocated buffer per layer, plus the document and block ids of every cached position so
 that masks over the cache follow the same (document, block) rule as the full forward. ``length``
 is shared by all layers; :meth:`truncate` rolls back positions (speculative decoding rejects
-drafted tokens that way).
+drafted tokens that way); :meth:`select` copies rows out, so that one prefix computed once can be
+continued in several rows (the harness scores every choice of a question after one shared context).
 """
 
 from __future__ import annotations
@@ -63,3 +64,17 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
+
+    def select(self, rows_R: torch.Tensor) -> KVCache:
+        """A new cache whose row ``r`` is a copy of this cache's row ``rows_R[r]`` (rows may repeat),
+        with the same committed length and the same room."""
+        if self._pending:
+            raise ValueError("cannot select rows of a cache with uncommitted positions")
+        rows_R = rows_R.to(self.doc_BS.device)
+        out = KVCache.__new__(KVCache)
+        out.k = [k.index_select(0, rows_R) for k in self.k]
+        out.v = [v.index_select(0, rows_R) for v in self.v]
+        out.doc_BS = self.doc_BS.index_select(0, rows_R)
+        out.blk_BS = self.blk_BS.index_select(0, rows_R)
+        out.max_len, out.length, out._pending = self.max_len, self.length, 0
+        return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from ernie5.sequence import audio as audio_docs
 from ernie5.sequence.segments import Segment, text_segment
@@ -50,6 +51,35 @@ def media_segments(part: Any, *, vision_tokenizer=None, vision_cfg=None, audio_c
     begin, end = media_markers(pixels.shape[2] if clip else 1)
     und = understanding_segment(vision_cfg, enc.pixels[0], enc.cnn[0])
     return [text_segment([begin]), und, text_segment([end])]
+
+
+def media_segments_many(
+    parts: list[Any], *, vision_tokenizer=None, vision_cfg=None, audio_codec=None, batch_size: int = 64
+) -> list[list[Segment]]:
+    """The segments of each of ``parts``, as :func:`media_segments` gives them, with the images and
+    clips of one shape encoded ``batch_size`` at a time: the vision tokenizer's convolutions run far
+    faster over a batch than one item at a time (the harness reads hundreds of images per call).
+    Audio is encoded one utterance at a time, as :func:`media_segments` does (a batch pads the
+    shorter waves, and the codec's last frames would see the padding)."""
+    out: list[list[Segment] | None] = [None] * len(parts)
+    by_shape: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+    for i, part in enumerate(parts):
+        if part.modality not in ("image", "video") or vision_tokenizer is None or vision_cfg is None:
+            out[i] = media_segments(
+                part, vision_tokenizer=vision_tokenizer, vision_cfg=vision_cfg, audio_codec=audio_codec
+            )
+            continue
+        pixels = to_pixels(np.asarray(part.data), part.modality == "video")
+        by_shape.setdefault((part.modality, *pixels.shape), []).append((i, pixels))
+    for (modality, *_), items in by_shape.items():
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            enc = encode_media(vision_tokenizer, torch.cat([px for _, px in chunk]), codes=False)
+            begin, end = media_markers(enc.pixels.shape[2] if modality == "video" else 1)
+            for k, (i, _) in enumerate(chunk):
+                und = understanding_segment(vision_cfg, enc.pixels[k], enc.cnn[k])
+                out[i] = [text_segment([begin]), und, text_segment([end])]
+    return out  # type: ignore[return-value]
 
 
 def context_document(

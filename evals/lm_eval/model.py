@@ -39,9 +39,9 @@ def inner_model(model: Any) -> Any:
 class _DeviceEvalModel(Ernie5EvalModel):
     """The adapter with its inputs moved to the model's device and the logits brought back."""
 
-    def _run(self, inputs, real_BT, tally):
+    def _run(self, inputs, real_BT, tally, cache=None):
         dev = self.model.tok_emb.weight.device
-        out = super()._run(inputs.to(dev), real_BT.to(dev), tally)
+        out = super()._run(inputs.to(dev), real_BT.to(dev), tally, cache)
         out.logits_BTV = out.logits_BTV.cpu()
         return out
 

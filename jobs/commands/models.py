@@ -107,7 +107,7 @@ def add_generate_parser(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    """``ernie5 bench moe|decode|train``."""
+    """``ernie5 bench moe|decode|train|harness``."""
     for name in ("repeats", "grad_accum"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
@@ -131,7 +131,23 @@ def cmd_bench(args) -> int:
         why = fp8_supported(device)
         if why is not None:
             raise CLIError(f"--fp8: {why}")
-    if args.what == "moe":
+    if args.what != "harness" and (args.checkpoint is not None or args.items is not None):
+        raise CLIError(f"--checkpoint and --items apply to `bench harness`, not `bench {args.what}`")
+    if args.what == "harness":
+        if device.type != "cpu":
+            raise CLIError("bench harness runs on cpu (the sweep's device)")
+        if args.items is not None and args.items < 1:
+            raise CLIError(f"--items {args.items}: expected an integer >= 1")
+        from ernie5.data.root import resolve_data_dir
+        from evals.bench import bench_harness
+
+        result = bench_harness(
+            args.checkpoint or "reference",
+            data_dir=resolve_data_dir(args.data_dir),
+            items=args.items or 40,
+            repeats=args.repeats,
+        )
+    elif args.what == "moe":
         from ernie5.bench.moe import bench_moe
 
         result = bench_moe(tokens=args.tokens, repeats=args.repeats, device=device)
@@ -165,12 +181,15 @@ def cmd_bench(args) -> int:
 def add_bench_parser(sub) -> None:
     """``ernie5 bench``."""
     b = sub.add_parser("bench", help="benchmarks printing JSON (medians over repeats)")
-    b.add_argument("what", choices=["moe", "decode", "train"])
+    b.add_argument("what", choices=["moe", "decode", "train", "harness"])
     b.add_argument("--json", action="store_true", help="print JSON only")
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--tokens", type=int, default=2048, help="moe: tokens per forward")
     b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
     b.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    b.add_argument("--checkpoint", default=None, help="harness: checkpoint (default: reference)")
+    b.add_argument("--items", type=int, default=None, help="harness: items per task family (default 40)")
+    b.add_argument("--data-dir", help="harness: data root (default: $ERNIE5_DATA_DIR)")
     b.add_argument(
         "--decoding",
         choices=["sampled", "greedy"],
