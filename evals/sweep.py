@@ -38,6 +38,12 @@ process ``i mod N`` (each with its own response-cache connection); process 0 the
 efficiency and merges, so the tables equal a one-process run's. Process 0 takes the lock and the
 others learn from it whether it got it, so the processes of one launch write together and a second
 launch fails on every process before writing anything.
+
+Preemption: ``SIGTERM`` (or a first Ctrl-C) stops the sweep between units (:mod:`ernie5.runtime.preempt`):
+the unit in progress is finished and written, or abandoned with nothing of it written if it does not
+end within :data:`PREEMPT_GRACE_S`; the sweep then exits 143 without tables or manifest, and the same
+command continues from the finished units. Under several processes each stops on its own signal
+(torchrun and Slurm signal every rank).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from ernie5.data.root import resolve_data_dir
 from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
 from ernie5.runtime.distributed import init_dist
+from ernie5.runtime.preempt import Preempted, preemptible
 from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint
 from ernie5.store.runs import RunLock, append_jsonl, provenance, write_json
 from ernie5.subnets.spec import SubnetError, resolve_specs
@@ -71,6 +78,9 @@ from evals.results import (
 )
 from evals.suite import LoadedSuite, distinct_subnets, load_suite, subnet_specs
 from evals.task import TASKS, Evaluable
+
+PREEMPT_GRACE_S = 60.0
+"""Seconds the unit in progress may take to finish after ``SIGTERM`` before the sweep exits at once."""
 
 
 @dataclass
@@ -401,42 +411,52 @@ def _evaluate_units(
         from tqdm import tqdm
 
         bar = tqdm(total=len(mine), desc=f"sweep {cfg.name}", unit="unit", dynamic_ncols=True)
-    for plan in mine:
-        existing = read_unit(unit_path(run_dir, plan.name, plan.task.name))
-        if (
-            existing is not None
-            and existing["fingerprint"] == plan.fingerprint
-            and existing["status"] != "error"
-        ):
-            summary.reused += 1
-        elif not plan.available:
-            write_unit(run_dir, _record(plan, "skipped", plan.reason), [])
-            summary.skipped += 1
-        else:
-            if plan.name not in models:
-                if plan.baseline is not None:  # the random twin: no routing (it has no routing record)
-                    seed = plan.baseline["seed"]
-                    adapter = Ernie5EvalModel(
-                        random_twin(ckpt, seed),
-                        plan.subnet,
-                        cfg.batch_size,
-                        routing=False,
-                        ckpt_hash=_random_hash(ckpt_hash, seed),
-                    )
-                else:
-                    adapter = Ernie5EvalModel(
-                        ckpt, plan.subnet, cfg.batch_size, routing=cfg.routing, ckpt_hash=ckpt_hash
-                    )
-                models[plan.name] = CachedModel(adapter, cache)
-            _compute(models[plan.name], plan, data_dir, run_dir, summary)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(subnet=plan.name, task=plan.task.name)
+    done = 0
+    with preemptible(PREEMPT_GRACE_S) as stop:  # checked between units (the module docstring)
+        for plan in mine:
+            if stop.requested:
+                break
+            existing = read_unit(unit_path(run_dir, plan.name, plan.task.name))
+            if (
+                existing is not None
+                and existing["fingerprint"] == plan.fingerprint
+                and existing["status"] != "error"
+            ):
+                summary.reused += 1
+            elif not plan.available:
+                write_unit(run_dir, _record(plan, "skipped", plan.reason), [])
+                summary.skipped += 1
+            else:
+                if plan.name not in models:
+                    if plan.baseline is not None:  # the random twin: no routing (it has no routing record)
+                        seed = plan.baseline["seed"]
+                        adapter = Ernie5EvalModel(
+                            random_twin(ckpt, seed),
+                            plan.subnet,
+                            cfg.batch_size,
+                            routing=False,
+                            ckpt_hash=_random_hash(ckpt_hash, seed),
+                        )
+                    else:
+                        adapter = Ernie5EvalModel(
+                            ckpt, plan.subnet, cfg.batch_size, routing=cfg.routing, ckpt_hash=ckpt_hash
+                        )
+                    models[plan.name] = CachedModel(adapter, cache)
+                _compute(models[plan.name], plan, data_dir, run_dir, summary)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(subnet=plan.name, task=plan.task.name)
+            done += 1
     if bar is not None:
         bar.close()
     summary.cache_hits = sum(m.hits for m in models.values())
     summary.cache_misses = sum(m.misses for m in models.values())
     cache.close()
+    if done < len(mine):
+        raise Preempted(
+            f"sweep {cfg.name}: stopped by {stop.signal} after {done} of {len(mine)} units (each finished "
+            f"unit is kept in {run_dir}); rerun the same command to continue"
+        )
     dist.barrier()
     for plan in units:
         rec = read_unit(unit_path(run_dir, plan.name, plan.task.name))

@@ -36,7 +36,7 @@ def _diverged() -> type[BaseException]:
 
 
 def _preempted() -> type[BaseException]:
-    from train.common.preempt import Preempted
+    from ernie5.runtime.preempt import Preempted
 
     return Preempted
 

@@ -184,7 +184,7 @@ class TrainConfig:
     """Consecutive non-finite steps ``skip`` tolerates before it stops the run."""
     preempt_grace_s: float = 60.0
     """After ``SIGTERM`` (or a first Ctrl-C) the run checkpoints at the next step boundary and exits
-    143; a step that does not end within this many seconds exits at once (train.common.preempt)."""
+    143; a step that does not end within this many seconds exits at once (ernie5.runtime.preempt)."""
     init_from: str = ""
     """A checkpoint (or run folder: its newest) whose weights, text tokenizer and frozen media
     models start this run: continued pretraining on another mixture, later SFT. The optimizer, the

@@ -84,7 +84,7 @@ from train.common.nonfinite import (
     nonfinite_grad,
 )
 from train.common.optim import make_optimizer
-from train.common.preempt import Preempted, Preemption, preemptible
+from ernie5.runtime.preempt import Preempted, Preemption, preemptible
 from train.common.run_folder import (
     RunError,
     cut_metrics,

@@ -169,7 +169,7 @@ class RLLoopConfig:
     nonfinite_patience: int = 5
     preempt_grace_s: float = 60.0
     """After ``SIGTERM`` (or a first Ctrl-C) RL checkpoints at the end of the iteration and exits 143;
-    an iteration that does not end within this many seconds exits at once (train.common.preempt)."""
+    an iteration that does not end within this many seconds exits at once (ernie5.runtime.preempt)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -101,7 +101,7 @@ from ernie5.store.checkpoint import (
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, write_atomic, write_json
 from train.common.nonfinite import DivergedError, NonFinitePolicy, first_nonfinite, last_good, nonfinite_grad
 from train.common.optim import make_optimizer
-from train.common.preempt import Preempted, Preemption, preemptible
+from ernie5.runtime.preempt import Preempted, Preemption, preemptible
 from train.common.run_folder import (
     RunError,
     cut_metrics,

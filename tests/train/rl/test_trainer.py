@@ -389,7 +389,7 @@ def test_a_stop_request_checkpoints_the_iteration_and_resume_is_exact(micro_ckpt
     from contextlib import contextmanager
 
     import train.rl.trainer as trainer_module
-    from train.common.preempt import Preempted, Preemption
+    from ernie5.runtime.preempt import Preempted, Preemption
 
     cfg = _cfg(micro_ckpt, rl=RLLoopConfig(steps=4, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=100))
     RLTrainer(cfg, tmp_path / "whole", {"toy": ToyVerifier()}, quiet=True).run()
