@@ -49,6 +49,10 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f4f5f7;padding:6px 8p
 details{margin:6px 0}summary{cursor:pointer;font-weight:600}
 .kv td:first-child{font-weight:600;white-space:nowrap}
 .callout{background:#f1f6fd;border-left:4px solid #0b5cad;padding:8px 12px;margin:10px 0}
+@media (min-width:1100px){section#overview{display:grid;grid-template-columns:minmax(0,5fr) minmax(0,7fr);
+column-gap:20px;align-items:start}section#overview>*{grid-column:1/-1}
+section#overview>div.callout:first-of-type{grid-column:1;grid-row:2}
+section#overview>figure:first-of-type{grid-column:2;grid-row:2}}
 """
 
 _SCRIPT = (

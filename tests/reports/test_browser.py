@@ -12,7 +12,7 @@ import os
 import pytest
 
 from reports import compare_runs
-from tests.reports.browser import check_page, find_chromium, screenshot
+from tests.reports.browser import VIEWPORT, check_page, find_chromium, screenshot
 
 SECTIONS = ["overview", "seesaw", "efficiency", "units", "routing", "tasks", "about"]
 
@@ -76,3 +76,17 @@ def test_the_checks_catch_a_broken_page(chromium, tmp_path):
     assert "'#fine'" not in problems and "'other.html'" not in problems
     (tmp_path / "blank.html").write_text("<!DOCTYPE html><title>blank</title><body></body>")
     assert check_page(tmp_path / "blank.html").screenshot_blank
+
+
+def test_the_first_screen_holds_the_verdict_and_the_seesaw_chart(chromium, hostile_report):
+    """A reader who opens the report at 1400 x 900 sees the answer without scrolling: the overview's
+    verdicts and the whole seesaw chart; run metadata and the unit grid come below."""
+    check = check_page(hostile_report / "index.html")
+    width, height = VIEWPORT
+    first = {s["id"]: s for s in check.sections}
+    assert first["overview"]["y"] < height / 3
+    charts = [im for im in check.images if im["alt"] == "Relative score per modality by subnet"]
+    assert charts, [im["alt"] for im in check.images]
+    chart = charts[0]
+    assert chart["y"] + chart["height"] <= height and chart["x"] + chart["width"] <= width, chart
+    assert first["units"]["y"] > height  # the unit grid is below the first screen
