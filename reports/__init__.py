@@ -1,4 +1,5 @@
-"""Reports on sweep run folders: the run report (seesaw, efficiency, routing) and run comparisons.
+"""Reports on sweep run folders: the run report (seesaw, efficiency, routing), run comparisons
+and trends across nights.
 
 Reads only run folders (the contract in :mod:`evals.results`); never imports the model, torch,
 ``train`` or the task registry.
@@ -7,5 +8,14 @@ Reads only run folders (the contract in :mod:`evals.results`); never imports the
 from reports.compare import ComparisonResult, compare_runs
 from reports.load import ReportError, load_run
 from reports.report import build_report
+from reports.trend import TrendResult, trend_runs
 
-__all__ = ["ComparisonResult", "ReportError", "build_report", "compare_runs", "load_run"]
+__all__ = [
+    "ComparisonResult",
+    "ReportError",
+    "TrendResult",
+    "build_report",
+    "compare_runs",
+    "load_run",
+    "trend_runs",
+]

@@ -1,4 +1,4 @@
-"""Report commands: ``report`` and ``compare``.
+"""Report commands: ``report``, ``compare`` and ``trend``.
 
 Each handler sits beside the parser of its command; :func:`add_parsers` adds them to ``ernie5``.
 """
@@ -56,7 +56,36 @@ def add_compare_parser(sub) -> None:
     c.set_defaults(fn=cmd_compare)
 
 
+def cmd_trend(args) -> int:
+    """``ernie5 trend``: with --fail-on-regression, exit 1 when the last night has a significant regression
+    versus the night before it (as ``compare`` of those two runs would)."""
+    from reports import trend_runs
+
+    if args.out is not None:
+        check_out(args.out)
+    result = trend_runs(args.run_dirs, args.out)
+    print(result.summary_markdown)
+    print(f"written to {result.out_dir}", file=sys.stderr)
+    return EXIT_REGRESSION if args.fail_on_regression and result.last_has_regression else 0
+
+
+def add_trend_parser(sub) -> None:
+    """``ernie5 trend``."""
+    t = sub.add_parser("trend", help="scores across nights: each night's paired change vs the night before")
+    t.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="two or more sweep run folders, any order")
+    t.add_argument(
+        "--out", default=None, help="output folder (default: the last night's RUN_DIR/report/trend)"
+    )
+    t.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 if the last night has a significant regression vs the one before (CI gate)",
+    )
+    t.set_defaults(fn=cmd_trend)
+
+
 def add_parsers(sub) -> None:
     """This module's commands, in ``ernie5 --help`` order."""
     add_report_parser(sub)
     add_compare_parser(sub)
+    add_trend_parser(sub)

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from reports import compare_runs
+from reports import compare_runs, trend_runs
 from tests.reports.browser import VIEWPORT, check_page, find_chromium, screenshot
 
 SECTIONS = ["overview", "seesaw", "efficiency", "units", "routing", "tasks", "about"]
@@ -42,6 +42,17 @@ def test_compare_page_renders_in_chromium(chromium, make_run):
     check = check_page(result.out_dir / "index.html")
     assert check.ok, check.problems
     assert [s["id"] for s in check.sections] == ["overview", "flagged", "cells", "about"]
+
+
+def test_trend_page_renders_in_chromium(chromium, make_run):
+    drop = {("full", "image_qa"): 0.5}
+    nights = [make_run(f"night-{i}", seed=i, shift=drop if i == 3 else None) for i in (1, 2, 3)]
+    result = trend_runs(nights)
+    check = check_page(result.out_dir / "index.html")
+    assert check.ok, check.problems
+    assert [s["id"] for s in check.sections] == ["drops", "cells", "about"]
+    assert all(not s["blank"] for s in check.sections) and check.broken_links == []
+    assert check.images_total == 1 and check.images_loaded == 1 and not check.screenshot_blank
 
 
 BROKEN = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>broken</title></head><body>
