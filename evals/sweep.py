@@ -19,6 +19,11 @@ before its first write to its last, and first removes the temp files a killed ru
 the efficiency rows and the routing records are built from this sweep's units only (the manifest
 lists them); unit files of an earlier sweep with another suite stay on disk, outside every table.
 
+Hugging Face targets: ``checkpoint="hf:PATH"`` sweeps a local Hugging Face causal LM and its elastic
+sub-models (:mod:`evals.hf_model`): the target's hash (the folder's content hash) stands for the
+checkpoint hash in every fingerprint, its random twin is the same architecture initialised from the
+suite seed, and its efficiency rows are analytic (:func:`evals.hf_model.efficiency_rows`).
+
 Over 500 lines for one reason: planning, evaluating and recording the units of one run folder is one
 flow under one lock, whose steps share the unit plan and the summary (the task pipeline, the cache and
 the results tables live in their own modules).
@@ -68,6 +73,7 @@ from ernie5.subnets.spec import SubnetError, resolve_specs
 from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
 from evals.cache import CachedModel, ResponseCache
 from evals.efficiency import MEASURE_VERSION, measure
+from evals.hf_model import HFTarget, efficiency_rows, is_hf_target, load_hf_target
 from evals.results import (
     RANDOM_BASELINE,
     read_unit,
@@ -295,10 +301,13 @@ def run_sweep(
     loaded = load_suite(suite)
     cfg = loaded.cfg
     data_dir = resolve_data_dir(data_dir)
-    ckpt = load_checkpoint(checkpoint)
-    ckpt_hash = checkpoint_hash(ckpt.path)
+    hf = is_hf_target(checkpoint)  # a Hugging Face folder (evals.hf_model) instead of an ERNIE5 checkpoint
+    ckpt = load_hf_target(checkpoint) if hf else load_checkpoint(checkpoint)
+    ckpt_hash = ckpt.hash if hf else checkpoint_hash(ckpt.path)
     try:
-        subnets = distinct_subnets(resolve_specs(subnet_specs(cfg.subnets), ckpt, data_dir), ckpt.cfg)
+        specs = subnet_specs(cfg.subnets)
+        resolved = ckpt.resolve_specs(specs, data_dir) if hf else resolve_specs(specs, ckpt, data_dir)
+        subnets = distinct_subnets(resolved, ckpt.cfg)
     except SubnetError as e:
         raise ConfigError(f"{loaded.path}: {e}") from None
     units = plan_units(
@@ -330,7 +339,7 @@ def run_sweep(
                 "suite": cfg.name,
                 "suite_hash": loaded.hash,
                 "suite_yaml": loaded.text,
-                "checkpoint": str(ckpt.path),
+                "checkpoint": f"hf:{ckpt.path}" if hf else str(ckpt.path),
                 "checkpoint_hash": ckpt_hash,
                 "model_config": to_dict(ckpt.cfg),
                 "subnets": [
@@ -428,7 +437,12 @@ def _evaluate_units(
                 summary.skipped += 1
             else:
                 if plan.name not in models:
-                    if plan.baseline is not None:  # the random twin: no routing (it has no routing record)
+                    if isinstance(ckpt, HFTarget):  # the twin: same architecture, seeded init, no routing
+                        twin = ckpt.random_twin(plan.baseline["seed"]) if plan.baseline is not None else None
+                        adapter = (twin or ckpt).adapter(
+                            plan.subnet, cfg.batch_size, routing=cfg.routing and twin is None
+                        )
+                    elif plan.baseline is not None:  # the random twin: no routing (it has no routing record)
                         seed = plan.baseline["seed"]
                         adapter = Ernie5EvalModel(
                             random_twin(ckpt, seed),
@@ -506,6 +520,8 @@ def _efficiency(
 ) -> list[dict]:
     from evals.results import all_units
 
+    if isinstance(ckpt, HFTarget):
+        return efficiency_rows(ckpt, subnets)
     units = all_units(run_dir, names)
     rows = []
     for sub in subnets:
