@@ -65,7 +65,7 @@ from evals.api import (
     RollingResult,
     SpeechGenerationRequest,
 )
-from evals.shared_context import Choice, score_choices, score_each
+from evals.shared_context import Choice, rolling_windows, score_choices, score_each
 
 ADAPTER_VERSION = 1
 """Bumped when tokenisation or scoring conventions change (it is part of the fingerprint)."""
@@ -294,15 +294,9 @@ class Ernie5EvalModel:
         for i, r in enumerate(requests):
             toks = [BOS, *self.tokenizer.encode(r.text)]
             n_tokens.append(len(toks) - 1)
-            window, stride = self.max_len + 1, max(1, self.max_len // 2)
-            windows.append((toks[:window], min(len(toks), window) - 1))
-            owner.append(i)
-            done = min(len(toks), window)
-            while done < len(toks):
-                end = min(len(toks), done + stride)
-                windows.append((toks[max(0, end - window) : end], end - done))
-                owner.append(i)
-                done = end
+            mine = rolling_windows(toks, self.max_len)
+            windows += mine
+            owner += [i] * len(mine)
         scored, window_costs = self._score(windows, tally)
         totals = [0.0] * len(requests)
         spent = [(0.0, 0, 0)] * len(requests)

@@ -71,6 +71,7 @@ from evals.api import (
     RollingResult,
 )
 from evals.hf_elastic import HFShape, RoutingCounter, decoder_layers, elastic, param_counts, shape_of
+from evals.shared_context import rolling_windows
 
 HF_PREFIX = "hf:"
 NO_TIMINGS = "not measured for Hugging Face targets (analytic parameter counts only)"
@@ -333,18 +334,12 @@ class HFEvalModel:
         counter = self._counter()
         windows: list[tuple[list[int], int]] = []
         owner, n_tokens = [], []
-        window, stride = self.max_len + 1, max(1, self.max_len // 2)
         for i, r in enumerate(requests):
             toks = [*self.prefix, *self._encode(r.text)]
             n_tokens.append(len(toks) - 1)
-            windows.append((toks[:window], min(len(toks), window) - 1))
-            owner.append(i)
-            done = min(len(toks), window)
-            while done < len(toks):
-                end = min(len(toks), done + stride)
-                windows.append((toks[max(0, end - window) : end], end - done))
-                owner.append(i)
-                done = end
+            mine = rolling_windows(toks, self.max_len)
+            windows += mine
+            owner += [i] * len(mine)
         scored, window_costs, model_s = self._score(windows, counter)
         totals = [0.0] * len(requests)
         spent = [(0.0, 0, 0)] * len(requests)

@@ -85,13 +85,7 @@ def score_choices(
 ) -> dict[int, Scored]:
     """``sum log P(cont | context)`` and whether every continuation token is the argmax, per choice
     (keyed by :attr:`Choice.index`); an empty continuation scores ``0.0`` without a forward."""
-    out: dict[int, Scored] = {}
-    live = []
-    for c in choices:
-        if c.cont:
-            live.append(c)
-        else:
-            out[c.index] = Scored(0.0, True, Cost(0.0, _length(c.context), 0))
+    out, live = _without_empty(choices)
     groups = sorted(group_by_context(live), key=lambda g: -_length(g[0].context))
     for start in range(0, len(groups), batch_size):
         out.update(_score_groups(groups[start : start + batch_size], run, new_cache, batch_size))
@@ -102,13 +96,7 @@ def score_each(choices: list[Choice], run: RunFn, batch_size: int) -> dict[int, 
     """The same figures with nothing shared: each choice's whole document (context, then continuation)
     in its own row, ``batch_size`` rows per forward, longest first. How the adapter scored before
     contexts were shared; kept as the baseline of ``ernie5 bench harness`` and for checking."""
-    out: dict[int, Scored] = {}
-    live = []
-    for c in choices:
-        if c.cont:
-            live.append(c)
-        else:
-            out[c.index] = Scored(0.0, True, Cost(0.0, _length(c.context), 0))
+    out, live = _without_empty(choices)
     live.sort(key=lambda c: -(_length(c.context) + len(c.cont)))
     for start in range(0, len(live), batch_size):
         part = live[start : start + batch_size]
@@ -185,6 +173,26 @@ def _score_groups(
         for group, n in zip(groups, lengths, strict=True)
         for c in group
     }
+
+
+def _without_empty(choices: list[Choice]) -> tuple[dict[int, Scored], list[Choice]]:
+    """The empty continuations' results (``0.0``, no forward) and the choices left to score."""
+    empty = {c.index: Scored(0.0, True, Cost(0.0, _length(c.context), 0)) for c in choices if not c.cont}
+    return empty, [c for c in choices if c.cont]
+
+
+def rolling_windows(toks: list[int], max_len: int) -> list[tuple[list[int], int]]:
+    """A document's scoring windows: ``(tokens, n scored at its end)``, the first ``max_len + 1``
+    tokens whole, then strides of half a window, each with a full window of left context where it has
+    one (every token after the first window sees at least half a window)."""
+    window, stride = max_len + 1, max(1, max_len // 2)
+    out = [(toks[:window], min(len(toks), window) - 1)]
+    done = min(len(toks), window)
+    while done < len(toks):
+        end = min(len(toks), done + stride)
+        out.append((toks[max(0, end - window) : end], end - done))
+        done = end
+    return out
 
 
 def _length(doc: list[Segment]) -> int:
