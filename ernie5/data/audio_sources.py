@@ -143,12 +143,9 @@ ESPEAK_UTTERANCES = 3000
 
 
 def _espeak_corpus(_data_dir: Path | None):
-    import os
+    from ernie5.data.voices import digit_corpus, voice_corpus_path
 
-    from ernie5.data.voices import digit_corpus
-
-    cache = Path(os.environ.get("ERNIE5_CACHE_DIR", Path.home() / ".cache" / "ernie5")) / "voices"
-    return digit_corpus(cache / f"digits-{ESPEAK_UTTERANCES}-s0.npz", ESPEAK_UTTERANCES, seed=0)
+    return digit_corpus(voice_corpus_path(ESPEAK_UTTERANCES), ESPEAK_UTTERANCES, seed=0)
 
 
 def _fsdd_train(data_dir: Path | None):

@@ -235,6 +235,13 @@ def _corpus_args(n: int, min_digits: int, max_digits: int, seed: int) -> dict:
     }
 
 
+def voice_corpus_path(n: int, seed: int = 0) -> Path:
+    """Where the ``n``-utterance digit corpus of ``seed`` is cached:
+    ``$ERNIE5_CACHE_DIR/voices/digits-{n}-s{seed}.npz`` (default cache ``~/.cache/ernie5``)."""
+    cache = Path(os.environ.get("ERNIE5_CACHE_DIR", Path.home() / ".cache" / "ernie5"))
+    return cache / "voices" / f"digits-{n}-s{seed}.npz"
+
+
 def digit_corpus(
     path: str | Path, n: int, min_digits: int = 1, max_digits: int = 5, seed: int = 0
 ) -> list[Utterance]:

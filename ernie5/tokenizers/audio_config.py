@@ -67,10 +67,11 @@ class AudioCodecConfig:
     causal: bool = True
     """Causal convolutions (left padding only): the codes of frame n depend on samples before the end of
     frame n only, and decoded samples on codes of their own and earlier frames. False = centred padding."""
-    teacher: Literal["none", "mfcc_kmeans", "whisper"] = "mfcc_kmeans"
+    teacher: Literal["none", "mfcc_kmeans", "content_kmeans", "whisper"] = "mfcc_kmeans"
     """Semantic teacher distilled into level 1 (:mod:`ernie5.tokenizers.audio_teacher`)."""
     teacher_dim: int = 64
-    """Output width of the codec's semantic head: the number of k-means clusters (``mfcc_kmeans``) or the
+    """Output width of the codec's semantic head: the number of k-means clusters (``mfcc_kmeans``,
+    ``content_kmeans``) or the
     teacher's feature width (``whisper``, e.g. 384 for whisper-tiny)."""
     distill_weight: float = 1.0
     """Weight of the semantic distillation loss in training."""

@@ -8,15 +8,21 @@ and trains its semantic head on level 1's quantised vectors against them with th
     targets_BND = pool_to_frames(feats_BTD, n_frames)        # codec frame rate, average pooling
     loss = teacher.loss(codec.semantic(level1_BDN), targets_BND)
 
-Two teachers:
+Three teachers:
 
-* :class:`MFCCKMeansTeacher` (the default, needs no download): HuBERT-iteration-1-style targets. Frames
+* :class:`MFCCKMeansTeacher` (needs no download nor training): HuBERT-iteration-1-style targets. Frames
   are 13 MFCCs with deltas and delta-deltas (39 dims, 10 ms hop at 8 kHz), pooled to the codec frame
   rate, standardised per dimension and assigned to the nearest of K k-means centroids fitted (seeded) on
   training audio. The distillation target is the cluster id; the loss is the cross-entropy of the
   codec's linear semantic head (``latent_dim -> K`` logits) on level 1's quantised vector. So level 1
   must carry what tells the K phonetic-ish clusters apart. The mean, std and centroids are its state
-  (:meth:`MFCCKMeansTeacher.save` / :func:`load_teacher`).
+  (:meth:`MFCCKMeansTeacher.save` / :func:`load_teacher`). MFCCs describe a voice as much as a word:
+  level 1 taught by them carries the speaker.
+* :class:`~ernie5.tokenizers.speech_content.ContentKMeansTeacher` (an option, measured in the v4
+  sitting): the same k-means targets over the features
+  of a small speech-content encoder trained by CTC transcription over many voices
+  (:mod:`ernie5.tokenizers.speech_content`, a Whisper in miniature), as HuBERT's second iteration
+  clusters a trained model's features instead of MFCCs.
 * :class:`WhisperTeacher` (optional; needs ``transformers`` and Whisper weights): the output of a Whisper
   encoder on the waveform resampled to 16 kHz (50 Hz frames), pooled to the codec frame rate; loss
   ``1 - cos(head(level1), feature)`` averaged over frames, as in the ERNIE 5.0 report. Its weights are
@@ -30,16 +36,19 @@ References:
   * ERNIE 5.0 report, arXiv 2602.04705, section 2.3.1: level 1 distilled from a Whisper encoder whose
     outputs are average-pooled to the token rate.
   * HuBERT, Hsu et al. 2021, arXiv 2106.07447: first-iteration targets = k-means (K=100) of MFCC
-    (+ deltas) frames; cross-entropy on cluster ids.
+    (+ deltas) frames, later iterations k-means of a trained model's features; cross-entropy on
+    cluster ids.
   * SpeechTokenizer, Zhang et al. 2024, arXiv 2308.16692: linear projection of RVQ-1 distilled to a
     speech SSL teacher with a cosine loss.
   * Whisper, Radford et al. 2022, arXiv 2212.04356: 16 kHz, 80-bin log-mel (25 ms window, 10 ms hop),
     ``log10``, clamp to ``max - 8``, ``(x + 4) / 4``, 30 s windows, 2x conv downsampling to 50 Hz.
 
 Deviations:
-  1. The default teacher is the in-project MFCC k-means proxy (K = 64 by default), not Whisper: no
-     pretrained speech encoder can be downloaded here and the data (8 kHz digits, DTMF) is tiny. Its
-     targets carry coarse phonetic/spectral class, not Whisper's linguistic content.
+  1. The in-project teachers stand in for Whisper: no pretrained speech encoder can be downloaded
+     here and the data (8 kHz digits, DTMF) is tiny. The MFCC k-means proxy (the codec config's
+     default, K = 64) carries coarse spectral class; the content teacher's encoder is trained for
+     transcription like Whisper, at a tiny scale, and its cluster ids (not its features) are the
+     targets.
   2. MFCC frames are pooled to the codec rate before clustering (HuBERT clusters 100 Hz frames), so a
      target is the class of a whole 40-80 ms codec frame.
   3. The Whisper adapter processes one window (30 s for released models) per utterance and refuses
@@ -55,16 +64,18 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from ernie5.tokenizers.audio_features import deltas, mfcc
-from ernie5.tokenizers.audio_quant import kmeans, nearest
-from ernie5.tokenizers.folder import read_index, verify_files, write_folder_atomic
-
-TEACHER_FILE = "teacher.json"
-STATE_FILE = "teacher.safetensors"
-TEACHER_VERSION = "ernie5-audio-teacher/1"
+from ernie5.tokenizers.folder import read_index, verify_files
+from ernie5.tokenizers.teacher_kmeans import (
+    STATE_FILE,
+    TEACHER_FILE,
+    TEACHER_VERSION,
+    KMeansTeacher,
+    write_teacher_folder,
+)
 
 
 @runtime_checkable
@@ -72,7 +83,7 @@ class SemanticTeacher(Protocol):
     """What the codec needs from a teacher."""
 
     kind: str
-    """``"mfcc_kmeans"`` or ``"whisper"`` (the codec config's ``teacher``)."""
+    """``"mfcc_kmeans"``, ``"content_kmeans"`` or ``"whisper"`` (the codec config's ``teacher``)."""
 
     @property
     def target_dim(self) -> int:
@@ -105,49 +116,21 @@ def pool_to_frames(feats_BTD: Tensor, n_frames: int) -> Tensor:
     return F.adaptive_avg_pool1d(feats_BTD.transpose(1, 2), n_frames).transpose(1, 2)
 
 
-def _write_folder(path: Path, body: dict[str, Any], tensors: dict[str, Tensor] | None) -> Path:
-    """The folder ``path``: ``teacher.json`` (``body`` + the sha256 manifest, written last) and the state
-    tensors, published atomically (:func:`~ernie5.tokenizers.folder.write_folder_atomic`)."""
-
-    def write(tmp: Path) -> None:
-        if tensors:
-            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp / STATE_FILE)
-
-    return write_folder_atomic(path, write, body, index_file=TEACHER_FILE)
-
-
-# ---------------------------------------------------------------------- MFCC k-means
-class MFCCKMeansTeacher:
-    """HuBERT-iteration-1-style teacher: k-means cluster ids of pooled MFCC + delta + delta-delta frames.
-
-    Unfitted it only computes :meth:`features`; :meth:`fit` (on pooled training features) sets the
-    standardisation and the centroids that :meth:`assign` and :meth:`loss` need.
-    """
+class MFCCKMeansTeacher(KMeansTeacher):
+    """HuBERT-iteration-1-style teacher: k-means cluster ids of pooled MFCC + delta + delta-delta frames."""
 
     kind = "mfcc_kmeans"
 
     def __init__(self, n_clusters: int = 64, n_mfcc: int = 13, n_mels: int = 40) -> None:
         if n_clusters < 2 or not 1 <= n_mfcc <= n_mels:
             raise ValueError(f"need n_clusters >= 2 and 1 <= n_mfcc <= n_mels, got {n_clusters}, {n_mfcc}")
-        self.n_clusters, self.n_mfcc, self.n_mels = n_clusters, n_mfcc, n_mels
-        self.mean_D: Tensor | None = None
-        self.std_D: Tensor | None = None
-        self.centroids_KD: Tensor | None = None
-
-    @property
-    def target_dim(self) -> int:
-        """K: the semantic head outputs one logit per cluster."""
-        return self.n_clusters
+        super().__init__(n_clusters)
+        self.n_mfcc, self.n_mels = n_mfcc, n_mels
 
     @property
     def feature_dim(self) -> int:
         """Dimensions of one feature frame: ``3 * n_mfcc``."""
         return 3 * self.n_mfcc
-
-    @property
-    def fitted(self) -> bool:
-        """Whether :meth:`fit` (or :func:`load_teacher`) has set the centroids."""
-        return self.centroids_KD is not None
 
     @torch.no_grad()
     def features(self, wave_BS: Tensor, sample_rate: int) -> Tensor:
@@ -161,44 +144,6 @@ class MFCCKMeansTeacher:
         d1 = deltas(c_BCT)
         return torch.cat([c_BCT, d1, deltas(d1)], dim=1).transpose(1, 2)
 
-    def fit(self, feats_MD: Tensor, seed: int = 0, iters: int = 50) -> MFCCKMeansTeacher:
-        """Fit the standardisation and k-means centroids on pooled feature frames ``(M, 3 * n_mfcc)``
-        (``M >= n_clusters``); deterministic given ``seed``. Returns self."""
-        if feats_MD.ndim != 2 or feats_MD.shape[1] != self.feature_dim:
-            raise ValueError(f"fit needs (M, {self.feature_dim}) features, got {tuple(feats_MD.shape)}")
-        if feats_MD.shape[0] < self.n_clusters:
-            raise ValueError(
-                f"fit needs at least n_clusters={self.n_clusters} frames, got {feats_MD.shape[0]}"
-            )
-        x = feats_MD.detach().double()
-        self.mean_D = x.mean(0).float()
-        self.std_D = x.std(0).clamp_min(1e-6).float()
-        gen = torch.Generator().manual_seed(seed)
-        self.centroids_KD, _ = kmeans(self._standardise(feats_MD), self.n_clusters, iters, generator=gen)
-        return self
-
-    def _standardise(self, feats: Tensor) -> Tensor:
-        return (feats.float() - self.mean_D.to(feats.device)) / self.std_D.to(feats.device)
-
-    @torch.no_grad()
-    def assign(self, feats_BND: Tensor) -> Tensor:
-        """Cluster id (long ``(B, N)``) of every pooled feature frame."""
-        if not self.fitted:
-            raise ValueError("MFCCKMeansTeacher is not fitted (call fit or load_teacher)")
-        B, N, D = feats_BND.shape
-        x = self._standardise(feats_BND.reshape(B * N, D))
-        return nearest(x, self.centroids_KD.to(x.device)).reshape(B, N)
-
-    def loss(self, pred_BNK: Tensor, targets_BND: Tensor) -> Tensor:
-        """Cross-entropy of the head's logits ``(B, N, K)`` against the cluster ids of the pooled features."""
-        ids = self.assign(targets_BND)
-        return F.cross_entropy(pred_BNK.reshape(-1, pred_BNK.shape[-1]).float(), ids.reshape(-1))
-
-    @torch.no_grad()
-    def accuracy(self, pred_BNK: Tensor, targets_BND: Tensor) -> float:
-        """Share of frames whose arg-max logit is their cluster id."""
-        return float((pred_BNK.argmax(-1) == self.assign(targets_BND)).float().mean())
-
     def save(self, path: str | Path) -> Path:
         """Write ``teacher.json`` and (when fitted) ``teacher.safetensors`` to the folder ``path``."""
         body = {
@@ -208,10 +153,7 @@ class MFCCKMeansTeacher:
             "n_mfcc": self.n_mfcc,
             "n_mels": self.n_mels,
         }
-        state = None
-        if self.fitted:
-            state = {"mean": self.mean_D, "std": self.std_D, "centroids": self.centroids_KD}
-        return _write_folder(Path(path), body, state)
+        return write_teacher_folder(Path(path), body, self._kmeans_state() or None)
 
 
 # ---------------------------------------------------------------------- Whisper
@@ -347,7 +289,7 @@ class WhisperTeacher:
     def save(self, path: str | Path) -> Path:
         """Write ``teacher.json`` (kind, source, layer): the weights stay wherever ``source`` points."""
         body = {"version": TEACHER_VERSION, "kind": self.kind, "source": self.source, "layer": self.layer}
-        return _write_folder(Path(path), body, None)
+        return write_teacher_folder(Path(path), body, None)
 
 
 # ---------------------------------------------------------------------- factory
@@ -369,19 +311,20 @@ def load_teacher(path: str | Path) -> SemanticTeacher:
         )
     has_state = (path / STATE_FILE).is_file()
     verify_files(path, body, TEACHER_FILE, [STATE_FILE] if has_state else [], ValueError)
+    state: dict[str, Tensor] = {}
+    if has_state:
+        try:
+            state = load_file(path / STATE_FILE)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{path / STATE_FILE}: unreadable ({str(e).splitlines()[0]})") from None
     if body.get("kind") == MFCCKMeansTeacher.kind:
         teacher = MFCCKMeansTeacher(body["n_clusters"], body["n_mfcc"], body["n_mels"])
-        if has_state:
-            try:
-                state = load_file(path / STATE_FILE)
-            except (SafetensorError, OSError) as e:
-                raise ValueError(f"{path / STATE_FILE}: unreadable ({str(e).splitlines()[0]})") from None
-            teacher.mean_D, teacher.std_D, teacher.centroids_KD = (
-                state["mean"],
-                state["std"],
-                state["centroids"],
-            )
+        teacher._set_kmeans_state(state)
         return teacher
+    if body.get("kind") == "content_kmeans":
+        from ernie5.tokenizers.speech_content import load_content_teacher
+
+        return load_content_teacher(path, body, state)
     if body.get("kind") == WhisperTeacher.kind:
         if not body.get("source"):
             raise ValueError(f"{path / TEACHER_FILE}: a Whisper teacher without a source cannot be reloaded")
@@ -389,16 +332,27 @@ def load_teacher(path: str | Path) -> SemanticTeacher:
     raise ValueError(f"{path / TEACHER_FILE}: unknown teacher kind {body.get('kind')!r}")
 
 
-def build_teacher(kind: str, teacher_dim: int, whisper_source: str | None = None) -> SemanticTeacher | None:
+def build_teacher(
+    kind: str, teacher_dim: int, whisper_source: str | None = None, content_encoder: str | None = None
+) -> SemanticTeacher | None:
     """A fresh teacher for a codec config's ``teacher`` / ``teacher_dim`` (None for ``"none"``).
 
-    ``mfcc_kmeans`` is returned unfitted (K = ``teacher_dim``); ``whisper`` loads ``whisper_source``
+    ``mfcc_kmeans`` and ``content_kmeans`` (over the encoder folder ``content_encoder``) are returned
+    unfitted (K = ``teacher_dim``); ``whisper`` loads ``whisper_source``
     and checks that its width equals ``teacher_dim``.
     """
     if kind == "none":
         return None
     if kind == "mfcc_kmeans":
         return MFCCKMeansTeacher(n_clusters=teacher_dim)
+    if kind == "content_kmeans":
+        if not content_encoder:
+            raise ValueError(
+                "teacher='content_kmeans' needs a trained speech-content encoder (content_encoder)"
+            )
+        from ernie5.tokenizers.speech_content import ContentKMeansTeacher, SpeechContentEncoder
+
+        return ContentKMeansTeacher(SpeechContentEncoder.load(content_encoder), n_clusters=teacher_dim)
     if kind == "whisper":
         if not whisper_source:
             raise ValueError("teacher='whisper' needs a Whisper model id or folder (whisper_source)")

@@ -225,6 +225,13 @@ def cmd_train_audio_codec(args) -> int:
     return _train_component(args, AudioCodecTrainConfig, train_audio_codec)
 
 
+def cmd_train_speech_encoder(args) -> int:
+    """``ernie5 train-speech-encoder``."""
+    from train.side.speech_content import SpeechContentTrainConfig, train_speech_content
+
+    return _train_component(args, SpeechContentTrainConfig, train_speech_content)
+
+
 def cmd_train_refiner(args) -> int:
     """``ernie5 train-refiner``."""
     from train.side.refiner import RefinerTrainConfig, train_refiner
@@ -233,7 +240,8 @@ def cmd_train_refiner(args) -> int:
 
 
 def add_side_parser(sub) -> None:
-    """``ernie5 train-vision-tokenizer`` / ``train-audio-codec`` / ``train-refiner``."""
+    """``ernie5 train-vision-tokenizer`` / ``train-audio-codec`` / ``train-speech-encoder`` /
+    ``train-refiner``."""
     for name, fn, what in (
         (
             "train-vision-tokenizer",
@@ -246,6 +254,11 @@ def add_side_parser(sub) -> None:
             cmd_train_audio_codec,
             "train the RVQ audio codec (level 1 distilled toward a semantic teacher)",
         ),
+        (
+            "train-speech-encoder",
+            cmd_train_speech_encoder,
+            "train the speech-content encoder (CTC over many voices) whose features understanding reads",
+        ),
     ):
         tv = sub.add_parser(name, help=what)
         tv.add_argument("--out", required=True, help="output folder (new)")
@@ -253,8 +266,9 @@ def add_side_parser(sub) -> None:
         tv.add_argument(
             "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)"
         )
-        what_data = "FSDD" if name == "train-audio-codec" else "MNIST"
-        always = "DTMF" if name == "train-audio-codec" else "shapes"
+        audio = name in ("train-audio-codec", "train-speech-encoder")
+        what_data = "FSDD" if audio else "MNIST"
+        always = {"train-audio-codec": "DTMF", "train-speech-encoder": "eSpeak NG voices"}.get(name, "shapes")
         tv.add_argument(
             "--data-dir", help=f"data root for {what_data} (default: $ERNIE5_DATA_DIR; {always} always)"
         )

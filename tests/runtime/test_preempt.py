@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
 from ernie5.runtime.preempt import Preemption, preemptible
+from ernie5.store.checkpoint import checkpoint_dirs, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 SETS = ["data.tokenizer_chars=20000", "train.steps=30", "train.ckpt_every=100", "train.log_every=1"]

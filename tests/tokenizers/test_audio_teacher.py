@@ -67,3 +67,24 @@ def test_a_missing_source_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="no-such-folder") as err:
         WhisperTeacher.from_pretrained(str(tmp_path / "no-such-folder"))
     assert "\n" not in str(err.value)
+
+
+def test_content_teacher_saves_its_encoder_and_centroids(tmp_path):
+    from ernie5.tokenizers.speech_content import (
+        ContentKMeansTeacher,
+        SpeechContentConfig,
+        SpeechContentEncoder,
+    )
+
+    enc = SpeechContentEncoder(SpeechContentConfig(width=16, dilations=(1,)))
+    teacher = ContentKMeansTeacher(enc, n_clusters=4)
+    wave = torch.randn(3, 4000) * 0.1
+    feats = teacher.features(wave, 8000)
+    assert feats.shape == (3, enc.n_frames(4000), 16) and teacher.feature_dim == 16
+    teacher.fit(feats.reshape(-1, 16), seed=0, iters=5)
+    again = load_teacher(teacher.save(tmp_path / "teacher"))
+    assert isinstance(again, ContentKMeansTeacher) and again.target_dim == 4
+    assert torch.equal(again.assign(feats), teacher.assign(feats))
+    assert torch.equal(again.features(wave, 8000), feats)
+    with pytest.raises(ValueError, match="16000 Hz"):
+        teacher.features(wave, 16000)

@@ -91,6 +91,7 @@ from ernie5.fast import apply_fast_paths
 from ernie5.model.elastic import Subnet
 from ernie5.model.inputs import Inputs
 from ernie5.runtime.distributed import pick_device
+from ernie5.runtime.preempt import Preempted, Preemption, preemptible
 from ernie5.store.checkpoint import (
     CheckpointError,
     checkpoint_dir,
@@ -101,7 +102,6 @@ from ernie5.store.checkpoint import (
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, write_atomic, write_json
 from train.common.nonfinite import DivergedError, NonFinitePolicy, first_nonfinite, last_good, nonfinite_grad
 from train.common.optim import make_optimizer
-from ernie5.runtime.preempt import Preempted, Preemption, preemptible
 from train.common.run_folder import (
     RunError,
     cut_metrics,

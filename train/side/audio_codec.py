@@ -8,7 +8,13 @@ drawn by ``*_weight``; sources absent from the data root are dropped and the wei
 * ``fsdd``: FSDD train recordings (single spoken digits), when the data root has them;
 * ``fsdd_seq``: multi-digit sequences of FSDD train recordings (:func:`ernie5.data.audio.fsdd_sequences`);
 * ``ljspeech``: the LJSpeech sample (off by default: ``ljspeech_weight = 0``; read speech resampled to
-  8 kHz, it has no held-out split here).
+  8 kHz, it has no held-out split here);
+* ``espeak``: eSpeak NG digit sequences in random voices (off by default; the cached corpus of
+  :func:`ernie5.data.voices.digit_corpus` that the backbone's ``espeak`` source reads), so that the
+  encoder, and level 1 above all, meets more voices than FSDD's four.
+
+Speech crops (every source but DTMF) pass through :func:`ernie5.data.voices.augment_speech` with
+probability ``augment_p`` (0 by default): speed, room, tilt and noise widen the voices further.
 
 A crop shorter than its source is a random window; a longer crop holds the whole utterance at a random
 offset in silence. Every crop gets a random gain of ``+-gain_db`` (scaled down if it would clip).
@@ -75,12 +81,12 @@ from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.audio_codec import AudioCodec, snr_db
 from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.audio_features import log_mel
-from ernie5.tokenizers.audio_teacher import MFCCKMeansTeacher, SemanticTeacher, build_teacher
+from ernie5.tokenizers.audio_teacher import KMeansTeacher, SemanticTeacher, build_teacher
 from train.common.optim import OptimConfig, make_adamw, param_groups
 from train.common.schedule import ScheduleConfig, cosine_progress, lr_at
 from train.side.audio_codec_eval import codec_speed, evaluate_codec, heldout_sets
 
-SOURCES = ("dtmf", "fsdd", "fsdd_seq", "ljspeech")
+SOURCES = ("dtmf", "fsdd", "fsdd_seq", "ljspeech", "espeak")
 """Training sources, in the order their weights are listed."""
 
 
@@ -127,6 +133,10 @@ class AudioCodecTrainConfig:
     """Share of FSDD train multi-digit sequences (when present)."""
     ljspeech_weight: float = 0.0
     """Share of LJSpeech sample crops (when present; 0 = off)."""
+    espeak_weight: float = 0.0
+    """Share of eSpeak NG digit-sequence crops (when eSpeak NG is available; 0 = off)."""
+    augment_p: float = 0.0
+    """Probability that a speech crop's utterance passes through ``augment_speech`` first."""
     fsdd_seq_pool: int = 600
     """FSDD train sequences generated once (2-4 digits each) for the ``fsdd_seq`` source."""
     gain_db: float = 6.0
@@ -135,6 +145,9 @@ class AudioCodecTrainConfig:
     """Training crops whose pooled features fit the MFCC k-means teacher."""
     teacher_iters: int = 50
     """Lloyd iterations of the teacher's k-means."""
+    content_encoder: str = ""
+    """Folder of a trained speech-content encoder (:mod:`train.side.speech_content`) for
+    ``codec.teacher == "content_kmeans"``."""
     whisper_source: str = ""
     """Whisper model id or folder for ``codec.teacher == "whisper"`` (needs transformers and the weights)."""
     eval_fsdd: int = 0
@@ -159,11 +172,22 @@ class AudioCodecTrainConfig:
             f"stft_resolutions={[list(r) for r in self.stft_resolutions]}: need n_fft >= 2 and "
             "1 <= hop <= n_fft",
         )
-        shares = (self.dtmf_weight, self.fsdd_weight, self.fsdd_seq_weight, self.ljspeech_weight)
+        shares = (
+            self.dtmf_weight,
+            self.fsdd_weight,
+            self.fsdd_seq_weight,
+            self.ljspeech_weight,
+            self.espeak_weight,
+        )
         check(all(w >= 0 for w in shares), "source weights must be >= 0")
         check(self.dtmf_weight > 0, f"dtmf_weight={self.dtmf_weight} must be > 0 (the data-free source)")
         check(self.fsdd_seq_pool >= 1, f"fsdd_seq_pool={self.fsdd_seq_pool} must be >= 1")
         check(self.gain_db >= 0, f"gain_db={self.gain_db} must be >= 0")
+        check(0.0 <= self.augment_p <= 1.0, f"augment_p={self.augment_p} must be in [0, 1]")
+        check(
+            self.codec.teacher != "content_kmeans" or bool(self.content_encoder),
+            "codec.teacher='content_kmeans' needs content_encoder (a trained speech-content encoder folder)",
+        )
         check(
             self.teacher_fit_crops >= 1 and self.teacher_iters >= 1,
             "teacher_fit_crops and teacher_iters must be >= 1",
@@ -203,6 +227,7 @@ class AudioCrops:
     sample_rate: int
     crop_s: tuple[float, float]
     gain_db: float
+    augment_p: float = 0.0
 
     @classmethod
     def open(cls, cfg: AudioCodecTrainConfig, root: Path | None) -> AudioCrops:
@@ -210,7 +235,12 @@ class AudioCrops:
         from ernie5.data.audio import fsdd_utterances, ljspeech_utterances, sequences_from
 
         pools: dict[str, list[np.ndarray]] = {}
-        wanted = {"fsdd": cfg.fsdd_weight, "fsdd_seq": cfg.fsdd_seq_weight, "ljspeech": cfg.ljspeech_weight}
+        wanted = {
+            "fsdd": cfg.fsdd_weight,
+            "fsdd_seq": cfg.fsdd_seq_weight,
+            "ljspeech": cfg.ljspeech_weight,
+            "espeak": cfg.espeak_weight,
+        }
         if wanted["fsdd"] > 0 or wanted["fsdd_seq"] > 0:
             try:
                 train = fsdd_utterances(root, "train")
@@ -226,6 +256,13 @@ class AudioCrops:
         if wanted["ljspeech"] > 0:
             with contextlib.suppress(DataMissing):
                 pools["ljspeech"] = [u.wave for u in ljspeech_utterances(root)]
+        if wanted["espeak"] > 0:
+            from ernie5.data.audio_sources import ESPEAK_UTTERANCES
+            from ernie5.data.voices import VoicesUnavailable, digit_corpus, voice_corpus_path
+
+            with contextlib.suppress(VoicesUnavailable):
+                corpus = digit_corpus(voice_corpus_path(ESPEAK_UTTERANCES), ESPEAK_UTTERANCES, seed=0)
+                pools["espeak"] = [u.wave for u in corpus]
         raw = {"dtmf": cfg.dtmf_weight, **{k: wanted[k] for k in pools}}
         total = sum(raw.values())
         return cls(
@@ -235,6 +272,7 @@ class AudioCrops:
             sample_rate=cfg.codec.sample_rate,
             crop_s=cfg.crop_s,
             gain_db=cfg.gain_db,
+            augment_p=cfg.augment_p,
         )
 
     def batch(self, n: int, rng: random.Random) -> tuple[torch.Tensor, list[str]]:
@@ -250,6 +288,10 @@ class AudioCrops:
         out = np.zeros((n, length), dtype=np.float32)
         for i, src in enumerate(sources):
             wave = next(dtmf).wave if src == "dtmf" else self.pools[src][rng.randrange(len(self.pools[src]))]
+            if src != "dtmf" and self.augment_p > 0 and rng.random() < self.augment_p:
+                from ernie5.data.voices import augment_speech
+
+                wave = augment_speech(wave, np.random.default_rng(rng.getrandbits(63)))
             x = crop(wave, length, rng) * 10.0 ** (rng.uniform(-self.gain_db, self.gain_db) / 20.0)
             peak = float(np.abs(x).max(initial=0.0))
             out[i] = x / peak * 0.99 if peak > 0.99 else x
@@ -325,7 +367,7 @@ def codec_loss(
         distill = teacher.loss(pred, targets)
         loss = loss + codec.cfg.distill_weight * distill
         terms["distill"] = distill.item()
-        if isinstance(teacher, MFCCKMeansTeacher):
+        if isinstance(teacher, KMeansTeacher):
             terms["semantic_acc"] = round(teacher.accuracy(pred.detach(), targets), 4)
     return loss, terms
 
@@ -336,8 +378,10 @@ def fit_teacher(
 ) -> SemanticTeacher | None:
     """The codec config's teacher; the MFCC k-means one fitted on ``teacher_fit_crops`` training crops
     pooled to the codec's frames."""
-    teacher = build_teacher(cfg.codec.teacher, cfg.codec.teacher_dim, cfg.whisper_source or None)
-    if isinstance(teacher, MFCCKMeansTeacher):
+    teacher = build_teacher(
+        cfg.codec.teacher, cfg.codec.teacher_dim, cfg.whisper_source or None, cfg.content_encoder or None
+    )
+    if isinstance(teacher, KMeansTeacher):
         feats = []
         left = cfg.teacher_fit_crops
         while left > 0:
@@ -440,7 +484,7 @@ def train_audio_codec(
     summary["eval_s"] = round(time.perf_counter() - t1, 1)
     summary["speed"] = codec_speed(codec)
     codec.save(out / "codec", meta={"steps": steps_run, "seed": cfg.seed})
-    if isinstance(teacher, MFCCKMeansTeacher):
+    if isinstance(teacher, KMeansTeacher):
         teacher.save(out / "teacher")
     write_json(out / "summary.json", summary)
     return summary

@@ -14,7 +14,7 @@ import torch
 from ernie5.data.root import DataMissing
 from ernie5.tokenizers.audio_codec import AudioCodec, mel_distance, snr_db
 from ernie5.tokenizers.audio_quant import code_usage
-from ernie5.tokenizers.audio_teacher import MFCCKMeansTeacher, SemanticTeacher
+from ernie5.tokenizers.audio_teacher import KMeansTeacher, SemanticTeacher
 
 _DTMF_WORDS = {"star": "*", "pound": "#"} | {
     w: str(d)
@@ -64,7 +64,7 @@ def evaluate_codec(
             codes = codec.encode(x)
             for j, n_frames in enumerate(codec.n_frames(n) for n in lengths):
                 all_codes.append(codes[j, :n_frames])
-            if isinstance(teacher, MFCCKMeansTeacher) and codec.semantic_head is not None:
+            if isinstance(teacher, KMeansTeacher) and codec.semantic_head is not None:
                 z_q = codec.codes_to_latent(codes[..., :1])
                 targets = codec.teacher_targets(teacher, x)
                 ids = teacher.assign(targets)

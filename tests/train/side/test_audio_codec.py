@@ -219,3 +219,44 @@ def test_codec_training_pools_never_hold_the_unseen_speaker(data_root):
     assert not {digest(w) for w in crops.pools["fsdd"]} & set().union(*by_len.values())
     for w in crops.pools["fsdd_seq"]:  # a sequence starts with one of its recordings: never a held-out one
         assert not any(digest(w[:n]) in d for n, d in by_len.items() if n <= len(w))
+
+
+def test_a_content_teacher_trains_the_codec_and_is_saved_with_it(tmp_path):
+    from ernie5.tokenizers.speech_content import (
+        ContentKMeansTeacher,
+        SpeechContentConfig,
+        SpeechContentEncoder,
+    )
+
+    enc_dir = SpeechContentEncoder(SpeechContentConfig(width=16, dilations=(1,))).save(tmp_path / "enc")
+    codec = AudioCodecConfig(
+        channels=4,
+        max_channels=8,
+        latent_dim=8,
+        n_levels=2,
+        codebook_size=16,
+        teacher="content_kmeans",
+        teacher_dim=8,
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cfg = tiny_train_cfg(codec=codec, content_encoder=str(enc_dir))
+    summary = train_audio_codec(cfg, tmp_path / "run", data_dir=empty)
+    assert summary["teacher"]["kind"] == "content_kmeans"
+    assert all("semantic_acc" in r and "distill" in r for r in _records(tmp_path / "run"))
+    teacher = load_teacher(tmp_path / "run" / "teacher")
+    assert isinstance(teacher, ContentKMeansTeacher) and teacher.fitted and teacher.target_dim == 8
+    with pytest.raises(ValueError, match="needs content_encoder"):
+        tiny_train_cfg(codec=codec)
+
+
+def test_augmented_crops_change_speech_and_never_dtmf(data_root):
+    base = AudioCrops.open(tiny_train_cfg(fsdd_seq_pool=4, dtmf_weight=0.01), data_root)
+    aug = AudioCrops.open(tiny_train_cfg(fsdd_seq_pool=4, dtmf_weight=0.01, augment_p=1.0), data_root)
+    if "fsdd" not in base.pools:
+        pytest.skip(f"no FSDD under {data_root}")
+    a, src_a = base.batch(6, random.Random(3))
+    b, src_b = aug.batch(6, random.Random(3))
+    assert src_a == src_b and a.shape == b.shape
+    speech = [i for i, s in enumerate(src_a) if s != "dtmf"]
+    assert speech and all(not torch.equal(a[i], b[i]) for i in speech)
