@@ -13,6 +13,10 @@ stderr:
   * ``speech`` answers the FSDD speech tasks (``asr_fsdd``: its transcript; ``spoken_digit_qa``: the
     choice it transcribes) with the reference recogniser (:mod:`evals.audio_judges`: a CTC recogniser
     trained on the FSDD train recordings of the seen speakers and DTMF tones; never on the unseen one).
+  * ``speech_voices`` answers the same tasks with the speech-content encoder the shipped reference reads
+    (:mod:`ernie5.tokenizers.speech_content`: CTC over FSDD's seen speakers, eSpeak NG voices and
+    LJSpeech; never the unseen speaker), by its greedy transcript: the specialist trained on the same
+    voices as the reference, where ``speech`` is trained on FSDD's four.
 
 ``ernie5 specialists --suite SUITE`` evaluates every task of a suite that has a specialist
 (:func:`suite_specialists`) and prints their scores in the shape of ``results.csv`` rows, subnet
@@ -100,16 +104,46 @@ def _speech(data_dir: str | Path | None) -> SpeechSpecialist:
     return SpeechSpecialist(load_digit_recognizer(data_dir))
 
 
+class ContentRecognizer:
+    """A speech-content encoder's greedy CTC transcripts, as the speech specialist asks for them."""
+
+    def __init__(self, encoder: Any, name: str) -> None:
+        self.encoder, self.name = encoder, name
+
+    def transcribe(self, waves: list[np.ndarray]) -> list[str]:
+        import torch
+
+        out: list[str] = []
+        for i in range(0, len(waves), 32):
+            chunk = waves[i : i + 32]
+            wave_BS = torch.zeros(len(chunk), max(1, max(len(w) for w in chunk)))
+            for j, w in enumerate(chunk):
+                wave_BS[j, : len(w)] = torch.from_numpy(np.asarray(w, dtype=np.float32))
+            out += self.encoder.transcribe(wave_BS, torch.tensor([max(1, len(w)) for w in chunk]))
+        return out
+
+
+def _speech_voices(_data_dir: str | Path | None) -> SpeechSpecialist:
+    from ernie5.store.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint("reference", fast=False)
+    encoder = None if ckpt.audio_codec is None else ckpt.audio_codec.content_encoder
+    if encoder is None:
+        raise ValueError("the shipped reference carries no speech-content encoder")
+    return SpeechSpecialist(ContentRecognizer(encoder, "speech-content-encoder"))
+
+
 SPECIALISTS: dict[str, tuple[tuple[str, ...], Callable[[str | Path | None], Any]]] = {
     "digits": (DIGIT_TASKS, _digits),
     "speech": (SPEECH_TASKS, _speech),
+    "speech_voices": (SPEECH_TASKS, _speech_voices),
 }
 """Specialist name -> (the tasks it answers, how it is loaded for a data root)."""
 
 
-def specialist_for(task: str) -> str | None:
-    """The name of the specialist that answers ``task``, if any."""
-    return next((name for name, (tasks, _) in SPECIALISTS.items() if task in tasks), None)
+def specialists_for(task: str) -> list[str]:
+    """The names of the specialists that answer ``task`` (none: empty)."""
+    return [name for name, (tasks, _) in SPECIALISTS.items() if task in tasks]
 
 
 def specialist_rows(
@@ -127,30 +161,31 @@ def specialist_rows(
     loaded: dict[str, Any] = {}
     rows, skipped = [], []
     for name, kwargs, limit, seed in units:
-        which = specialist_for(name)
+        names = specialists_for(name)
         task = TASKS.get(name)(**kwargs)
         ok, why = task.available(data_dir)
-        if which is None or not ok:
-            skipped.append({"task": name, "reason": why if which else "no specialist for this task"})
+        if not names or not ok:
+            skipped.append({"task": name, "reason": why if names else "no specialist for this task"})
             continue
-        if which not in loaded:
-            loaded[which] = SPECIALISTS[which][1](data_dir)
-        with tempfile.TemporaryDirectory() as work:
-            result = task.evaluate(
-                loaded[which], data_dir=data_dir, limit=limit, seed=seed, work_dir=Path(work)
-            )
-        for metric, agg in result.metrics.items():
-            rows.append(
-                {
-                    "subnet": "specialist",
-                    "task": name,
-                    "metric": metric,
-                    "value": agg["value"],
-                    "stderr": agg["stderr"],
-                    "n": agg["n"],
-                    "specialist": loaded[which].name,
-                }
-            )
+        for which in names:
+            if which not in loaded:
+                loaded[which] = SPECIALISTS[which][1](data_dir)
+            with tempfile.TemporaryDirectory() as work:
+                result = task.evaluate(
+                    loaded[which], data_dir=data_dir, limit=limit, seed=seed, work_dir=Path(work)
+                )
+            for metric, agg in result.metrics.items():
+                rows.append(
+                    {
+                        "subnet": "specialist",
+                        "task": name,
+                        "metric": metric,
+                        "value": agg["value"],
+                        "stderr": agg["stderr"],
+                        "n": agg["n"],
+                        "specialist": loaded[which].name,
+                    }
+                )
     return rows, skipped
 
 
@@ -162,7 +197,7 @@ def suite_specialists(suite: str | Path, data_dir: str | Path | None) -> dict[st
     units = [
         (e.task, dict(e.kwargs), e.limit, cfg.seed if e.seed is None else e.seed)
         for e in cfg.tasks
-        if specialist_for(e.task)
+        if specialists_for(e.task)
     ]
     rows, skipped = specialist_rows(units, data_dir)
     return {"suite": cfg.name, "rows": rows, "skipped": skipped}

@@ -30,6 +30,14 @@ Deviations:
      tables (the report does not say whether they are shared).
   4. Speakers are a learned table indexed by speaker id (the report's speaker embedding is not
      described further); ``-1`` selects a generic start embedding.
+  5. Optional (``AudioConfig.content_dim > 0``, the shipped reference's setting since v4): an
+     understanding frame's embedding is the summed code embeddings *plus* a learned two-layer projection
+     (no biases, so absent features add exactly 0) of a frozen speech-content encoder's features of the
+     frame. Measured on FSDD's held-out speaker with a small classifier on each representation: the
+     codec's codes name the spoken digit 0.37-0.40 of the time (the ideal level-1 content units 0.52),
+     log-mel frames 0.81-0.84. Discrete 25 Hz codes lose what makes speech intelligible across voices
+     at this scale, so understanding also reads continuous features, as the vision path reads the
+     tokenizer's features through a ViT. Generation (NCP) is unchanged and never sees them.
 """
 
 from __future__ import annotations
@@ -61,10 +69,22 @@ class AudioModule(nn.Module):
         self.heads = nn.ModuleList(nn.Linear(d_model, k + (1 if i == 0 else 0), bias=False) for i in range(q))
         # Level-1 codes include END; the last level's code is never added (nothing follows it).
         self.code_emb = nn.ModuleList(nn.Embedding(k + (1 if i == 0 else 0), d_model) for i in range(q - 1))
+        self.content_proj = None
+        if cfg.content_dim > 0:  # bias-free: a frame without features (all zeros) gets exactly 0
+            self.content_proj = nn.Sequential(
+                nn.Linear(cfg.content_dim, d_model, bias=False),
+                nn.GELU(),
+                nn.Linear(d_model, d_model, bias=False),
+            )
 
-    def frame_embeds(self, codes_NQ: torch.Tensor) -> torch.Tensor:
-        """``(N, D)``: the sum over levels of each frame's level embeddings."""
-        return sum(self.in_emb[q](codes_NQ[:, q]) for q in range(self.cfg.n_levels))
+    def frame_embeds(self, codes_NQ: torch.Tensor, feats_NF: torch.Tensor | None = None) -> torch.Tensor:
+        """``(N, D)``: the sum over levels of each frame's level embeddings, plus the projection of its
+        content features when the model has one and ``feats_NF`` is given (deviation 5)."""
+        e = sum(self.in_emb[q](codes_NQ[:, q]) for q in range(self.cfg.n_levels))
+        if self.content_proj is not None and feats_NF is not None:
+            w = self.content_proj[0].weight
+            e = e + self.content_proj(feats_NF.to(w.dtype)).to(e.dtype)
+        return e
 
     def start_embeds(self, speaker_S: torch.Tensor) -> torch.Tensor:
         """``(S, D)``: the speaker's embedding, or the generic start where the id is ``-1``."""
@@ -84,7 +104,7 @@ class AudioModule(nn.Module):
         """``x`` with the summed codec frames and the start/speaker embeddings placed where their
         masks say."""
         if audio.frame_codes_MQ is not None:
-            frames_MD = self.frame_embeds(audio.frame_codes_MQ)
+            frames_MD = self.frame_embeds(audio.frame_codes_MQ, audio.frame_feats_MF)
             x_BTD = x_BTD.masked_scatter(audio.frame_mask_BT[..., None], frames_MD.to(x_BTD.dtype))
         if audio.start_speaker_S is not None:
             starts_SD = self.start_embeds(audio.start_speaker_S)

@@ -150,8 +150,14 @@ class AudioConfig:
     """Rows of the speaker-embedding table (the TTS conditioning context)."""
     level_weights: tuple[float, ...] = ()
     """Per-level weights of the NCP loss; empty = all 1."""
+    content_dim: int = 0
+    """Width of the speech-content features added to understanding frames (0 = none: frames are the
+    paper's summed code embeddings only). With ``> 0``, an understanding frame's embedding also gets a
+    learned projection of the frozen speech-content encoder's features of that frame
+    (:mod:`ernie5.tokenizers.speech_content`); generated frames never have them."""
 
     def __post_init__(self) -> None:
+        check(self.content_dim >= 0, f"content_dim={self.content_dim} must be >= 0")
         check(1 <= self.n_levels <= 16, f"n_levels={self.n_levels} must be in [1, 16]")
         check(self.codebook_size >= 2, f"codebook_size={self.codebook_size} must be >= 2")
         check(self.n_speakers >= 1, f"n_speakers={self.n_speakers} must be >= 1")

@@ -97,6 +97,9 @@ class AudioInputs:
     """NCP targets of every prediction position (``IGNORE`` where none); None at inference."""
     pred_mask_BT: torch.Tensor | None = None
     """Positions whose NCP heads run (with targets in training; sampled at inference)."""
+    frame_feats_MF: torch.Tensor | None = None
+    """Speech-content features of every input frame, in the order of ``frame_codes_MQ`` (zeros for
+    frames without them: generated ones); None when no frame has any."""
 
     def to(self, device: torch.device | str) -> AudioInputs:
         """Move every tensor to ``device``."""

@@ -33,6 +33,31 @@ def encode_waves(codec, waves: list[np.ndarray], batch_size: int = 64) -> list[t
 
 
 @torch.inference_mode()
+def content_features(encoder, codec, waves: list[np.ndarray], batch_size: int = 64) -> list[torch.Tensor]:
+    """Speech-content features ``(n_frames, F)`` of each waveform, on the codec's frame grid (the frames
+    :func:`encode_waves` gives it): the frozen encoder's 50 Hz features of the waveform (statistics over
+    its own samples only), average-pooled to the codec's frames."""
+    from ernie5.tokenizers.audio_teacher import pool_to_frames
+
+    out: list[torch.Tensor] = []
+    for start in range(0, len(waves), batch_size):
+        chunk = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waves[start : start + batch_size]]
+        longest = max(len(w) for w in chunk)
+        n_pad = max(codec.hop, -(-longest // codec.hop) * codec.hop)
+        wave_BS = torch.zeros(len(chunk), n_pad)
+        for i, w in enumerate(chunk):
+            wave_BS[i, : len(w)] = torch.from_numpy(w)
+        lengths_B = torch.tensor([max(1, len(w)) for w in chunk])
+        feats_BTF = encoder.features(wave_BS, lengths_B).float()
+        for i, w in enumerate(chunk):
+            n_frames = max(1, codec.n_frames(len(w)))
+            # the encoder frames that cover the codec's padded frames: 2 hops of 10 ms per 50 Hz frame
+            t = max(1, min(feats_BTF.shape[1], -(-n_frames * codec.hop // (2 * encoder.cfg.hop))))
+            out.append(pool_to_frames(feats_BTF[i : i + 1, :t], n_frames)[0].cpu())
+    return out
+
+
+@torch.inference_mode()
 def decode_codes(codec, codes: list[torch.Tensor]) -> list[np.ndarray]:
     """Waveforms (float32) of code sequences ``(n_frames, Q)``; empty sequences give empty waves."""
     waves = []
@@ -44,9 +69,10 @@ def decode_codes(codec, codes: list[torch.Tensor]) -> list[np.ndarray]:
     return waves
 
 
-def understanding_segment(codes_NQ: torch.Tensor) -> Segment:
-    """An input-only audio segment (recognition, understanding)."""
-    return Segment("audio", audio=AudioSeg(codes_NQ))
+def understanding_segment(codes_NQ: torch.Tensor, feats_NF: torch.Tensor | None = None) -> Segment:
+    """An input-only audio segment (recognition, understanding), with the frames' content features
+    when the model reads them."""
+    return Segment("audio", audio=AudioSeg(codes_NQ, feats_NF=feats_NF))
 
 
 def generation_segment(codes_NQ: torch.Tensor, speaker: int = -1) -> Segment:

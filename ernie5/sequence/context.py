@@ -39,8 +39,11 @@ def media_segments(part: Any, *, vision_tokenizer=None, vision_cfg=None, audio_c
             raise ContextError(
                 f"audio at {rate} Hz; this checkpoint's codec reads {audio_codec.sample_rate} Hz"
             )
-        (codes,) = audio_docs.encode_waves(audio_codec, [np.asarray(part.data, dtype=np.float32)])
-        return [text_segment([BOA]), audio_docs.understanding_segment(codes), text_segment([EOA])]
+        wave = [np.asarray(part.data, dtype=np.float32)]
+        (codes,) = audio_docs.encode_waves(audio_codec, wave)
+        encoder = getattr(audio_codec, "content_encoder", None)
+        feats = audio_docs.content_features(encoder, audio_codec, wave)[0] if encoder is not None else None
+        return [text_segment([BOA]), audio_docs.understanding_segment(codes, feats), text_segment([EOA])]
     if part.modality not in ("image", "video"):
         raise ContextError(f"cannot read {part.modality} inputs")
     if vision_tokenizer is None or vision_cfg is None:

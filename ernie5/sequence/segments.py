@@ -47,6 +47,9 @@ class AudioSeg:
     """Carry NCP targets: each position predicts the next frame; the last frame predicts END."""
     end: bool = True
     """With ``targets``: the last frame's target is END (False: no target after the last frame)."""
+    feats_NF: torch.Tensor | None = None
+    """``(n, F)`` speech-content features of the frames (understanding segments of a model with
+    ``audio.content_dim = F``); None = none."""
 
     def __len__(self) -> int:
         return int(self.codes_NQ.shape[0]) + int(self.start)
@@ -135,7 +138,7 @@ def _flatten(doc: list[Segment]) -> dict:
     """Concatenate a document's segments with absolute positions and block ids."""
     ids, pos, blk, mod, lmask, lw, kind = [], [], [], [], [], [], []
     emb, und, gen = [], [], []
-    a_codes, a_start, a_spk, a_tgt = [], [], [], []
+    a_codes, a_start, a_spk, a_tgt, a_feat = [], [], [], [], []
     next_pos, next_blk = 0, 0
     for seg in doc:
         n = len(seg)
@@ -160,6 +163,7 @@ def _flatten(doc: list[Segment]) -> dict:
             a_start.append(st)
             a_spk.append(spk)
             a_tgt.append(tg)
+            a_feat.append(_audio_feats(seg.audio))
         mod.append(torch.full((n,), MODALITY_ID[seg.modality], dtype=torch.int8))
         lmask.append(seg.loss_mask if seg.loss_mask is not None else torch.full((n,), k == "ids"))
         lw.append(torch.full((n,), float(seg.loss_weight)))
@@ -178,7 +182,18 @@ def _flatten(doc: list[Segment]) -> dict:
         "a_start": a_start,
         "a_spk": a_spk,
         "a_tgt": a_tgt,
+        "a_feat": a_feat,
     }
+
+
+def _audio_feats(a: AudioSeg) -> torch.Tensor | None:
+    """Per position of an audio segment: its frame's content features (zeros at the start), or None."""
+    if a.feats_NF is None:
+        return None
+    n, f = a.feats_NF.shape
+    if n != a.codes_NQ.shape[0]:
+        raise ValueError(f"audio segment has {a.codes_NQ.shape[0]} frames and {n} feature rows")
+    return torch.cat([torch.zeros(int(a.start), f), a.feats_NF.float()])
 
 
 def _audio_rows(a: AudioSeg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -259,7 +274,7 @@ def pack(
         "kind": torch.zeros(b, seq_len, dtype=torch.int8),
     }
     emb, und, gen = [], [], []
-    a_codes, a_start, a_spk, a_tgt = [], [], [], []
+    a_codes, a_start, a_spk, a_tgt, a_feat = [], [], [], [], []
     for r, row in enumerate(rows):
         at = 0
         for d, flat in enumerate(row):
@@ -282,6 +297,7 @@ def pack(
             a_start += flat["a_start"]
             a_spk += flat["a_spk"]
             a_tgt += flat["a_tgt"]
+            a_feat += flat["a_feat"]
             at += n
         if at < seq_len:  # padding: its own document, one block per position, no loss
             out["blk"][r, at:] = torch.arange(at, seq_len)
@@ -305,6 +321,14 @@ def pack(
         has_tgt = (tgt != IGNORE).any(dim=1)
         pred_mask = is_audio.clone()
         pred_mask[is_audio] = has_tgt
+        feats = None
+        widths = {f.shape[1] for f in a_feat if f is not None}
+        if len(widths) > 1:
+            raise ValueError(f"audio segments with content features of widths {sorted(widths)} in one batch")
+        if widths and bool((~starts).any()):
+            (width,) = widths
+            rows_ = [f if f is not None else torch.zeros(len(c), width) for f, c in zip(a_feat, a_codes)]
+            feats = torch.cat(rows_)[~starts]
         audio = AudioInputs(
             frame_codes_MQ=codes[~starts] if bool((~starts).any()) else None,
             frame_mask_BT=frame_mask if bool((~starts).any()) else None,
@@ -312,6 +336,7 @@ def pack(
             start_mask_BT=start_mask if bool(starts.any()) else None,
             targets_PQ=tgt[has_tgt] if bool(has_tgt.any()) else None,
             pred_mask_BT=pred_mask if bool(has_tgt.any()) else None,
+            frame_feats_MF=feats,
         )
     inputs = Inputs(
         ids_BT=out["ids"],

@@ -66,6 +66,8 @@ TRAIN_FILES = (OPTIMIZER_FILE, TRAIN_TENSORS_FILE, TRAIN_STATE_FILE)
 VISION_TOKENIZER_FILES = ("vision_tokenizer.safetensors", "vision_tokenizer.yaml")
 REFINER_FILES = ("refiner.safetensors", "refiner.yaml")
 AUDIO_CODEC_FILES = ("audio_codec.safetensors", "audio_codec.yaml")
+SPEECH_ENCODER_FILES = ("speech_encoder.safetensors", "speech_encoder.yaml")
+"""The speech-content encoder attached to the codec (models with ``audio.content_dim > 0``)."""
 RESERVED_FILES = (
     MODEL_FILE,
     CONFIG_FILE,
@@ -75,6 +77,7 @@ RESERVED_FILES = (
     *VISION_TOKENIZER_FILES,
     *REFINER_FILES,
     *AUDIO_CODEC_FILES,
+    *SPEECH_ENCODER_FILES,
 )
 _STEP_DIR = re.compile(r"step_(\d+)")
 
@@ -448,6 +451,14 @@ def save_checkpoint(
                 metadata={},
             )
             _write_bytes(tmp / AUDIO_CODEC_FILES[1], dump(audio_codec.cfg).encode())
+            encoder = getattr(audio_codec, "content_encoder", None)
+            if encoder is not None:
+                _write_tensors(
+                    tmp / SPEECH_ENCODER_FILES[0],
+                    {k: v.contiguous() for k, v in encoder.state_dict().items()},
+                    metadata={},
+                )
+                _write_bytes(tmp / SPEECH_ENCODER_FILES[1], dump(encoder.cfg).encode())
         for name, folder in (extra_dirs or {}).items():
             if name in RESERVED_FILES or not name or name.startswith(".") or Path(name).name != name:
                 raise ValueError(
@@ -538,8 +549,9 @@ def load_checkpoint(
     )
 
 
-def _load_audio_codec(path: Path, cfg: ModelConfig, device) -> Any:
-    """The stored audio codec, checked against the model's audio config."""
+def _load_audio_codec(path: Path, cfg: ModelConfig, device, check_content: bool = True) -> Any:
+    """The stored audio codec (with its speech-content encoder attached when the checkpoint has one),
+    checked against the model's audio config (``check_content``: its content width too)."""
     from ernie5.tokenizers.audio_codec import AudioCodec
     from ernie5.tokenizers.audio_config import AudioCodecConfig
 
@@ -554,7 +566,40 @@ def _load_audio_codec(path: Path, cfg: ModelConfig, device) -> Any:
         codec.load_state_dict(_read_tensors(weights_file))
     except RuntimeError as e:
         raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
-    return codec.to(device).eval().requires_grad_(False)
+    codec = codec.to(device).eval().requires_grad_(False)
+    if (path / SPEECH_ENCODER_FILES[0]).is_file():
+        codec.attach_content_encoder(_load_speech_encoder(path, device))
+    if check_content:
+        check_content_fits(codec.content_encoder, cfg, str(path), CheckpointError)
+    return codec
+
+
+def _load_speech_encoder(path: Path, device) -> Any:
+    from ernie5.tokenizers.speech_content import SpeechContentConfig, SpeechContentEncoder
+
+    weights_file, config_file = (path / name for name in SPEECH_ENCODER_FILES)
+    try:
+        ecfg = from_dict(SpeechContentConfig, read_yaml(config_file))
+    except ConfigError as e:
+        raise CheckpointError(f"{config_file}: {e}") from None
+    encoder = SpeechContentEncoder(ecfg)
+    try:
+        encoder.load_state_dict(_read_tensors(weights_file))
+    except RuntimeError as e:
+        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
+    return encoder.to(device).eval().requires_grad_(False)
+
+
+def check_content_fits(encoder: Any, cfg: ModelConfig, where: str, error: type[Exception]) -> None:
+    """A model that reads content features (``audio.content_dim > 0``) needs an encoder of that width."""
+    want = cfg.audio.content_dim if cfg.audio.enabled else 0
+    if want and encoder is None:
+        raise error(
+            f"{where}: the model reads speech-content features (audio.content_dim={want}) "
+            "and no speech-content encoder came with its codec"
+        )
+    if want and encoder.cfg.width != want:
+        raise error(f"{where}: speech-content encoder width {encoder.cfg.width} != audio.content_dim={want}")
 
 
 def check_codec_fits(codec_cfg: Any, cfg: ModelConfig, where: str, error: type[Exception]) -> None:
@@ -647,8 +692,9 @@ def load_media_part(path: str | Path, part: str, cfg: ModelConfig, device: str =
     folder = resolve_checkpoint(path)
     if not all((folder / name).is_file() for name in files):
         raise CheckpointError(f"{folder}: the checkpoint carries no {part.replace('_', ' ')}")
-    loader = _load_vision_tokenizer if part == "vision_tokenizer" else _load_audio_codec
-    return loader(folder, cfg, device)
+    if part == "vision_tokenizer":
+        return _load_vision_tokenizer(folder, cfg, device)
+    return _load_audio_codec(folder, cfg, device, check_content=False)  # the run may attach its own
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:

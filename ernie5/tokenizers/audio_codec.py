@@ -359,6 +359,21 @@ class AudioCodec(nn.Module):
         """Per level: perplexity of the EMA code usage of the codebooks."""
         return self.quantizer.perplexity()
 
+    # ------------------------------------------------------------------ content features
+    @property
+    def content_encoder(self) -> Any:
+        """The frozen speech-content encoder whose features a model with ``audio.content_dim > 0`` reads
+        beside the codes of understanding frames (None: codes only). It is not part of the codec's own
+        weights: a checkpoint stores it beside the codec and attaches it on load
+        (:meth:`attach_content_encoder`)."""
+        return self.__dict__.get("_content_encoder")
+
+    def attach_content_encoder(self, encoder: Any) -> AudioCodec:
+        """Attach (or with None detach) the frozen speech-content encoder; returns self. Kept outside the
+        module tree on purpose, so the codec's ``state_dict`` and its saved folder stay the codec's."""
+        self.__dict__["_content_encoder"] = None if encoder is None else encoder.eval().requires_grad_(False)
+        return self
+
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
         """Write ``path/`` atomically: weights + codebooks, ``config.yaml``, ``meta.json``."""

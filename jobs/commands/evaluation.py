@@ -48,6 +48,7 @@ def cmd_specialists(args) -> int:
         for r in report["rows"]:
             print(
                 f"{r['task']:24s} {r['metric']:20s} {r['value']:.3f} ± {1.96 * r['stderr']:.3f}  n={r['n']}"
+                f"  {r['specialist']}"
             )
         for s in report["skipped"]:
             print(f"{s['task']:24s} skipped: {s['reason']}")

@@ -7,7 +7,7 @@ import pytest
 
 import evals.tasks  # noqa: F401  (registers every task)
 from evals import specialists
-from evals.specialists import DigitSpecialist, SpeechSpecialist, specialist_for, specialist_rows
+from evals.specialists import DigitSpecialist, SpeechSpecialist, specialist_rows, specialists_for
 from evals.task import TASKS
 from jobs.cli import main
 
@@ -66,8 +66,9 @@ def test_speech_specialist_transcribes_and_chooses_what_it_heard() -> None:
 
 
 def test_rows_and_skips(tmp_path, monkeypatch) -> None:
-    assert specialist_for("digit_vqa_usps") == "digits" and specialist_for("asr_fsdd") == "speech"
-    assert specialist_for("arith_d1") is None
+    assert specialists_for("digit_vqa_usps") == ["digits"]
+    assert specialists_for("asr_fsdd") == ["speech", "speech_voices"]
+    assert specialists_for("arith_d1") == []
     monkeypatch.setitem(
         specialists.SPECIALISTS, "digits", (specialists.DIGIT_TASKS, lambda d: DigitSpecialist(_ThreeJudge()))
     )
@@ -98,6 +99,27 @@ def test_cli_specialists(tmp_path, monkeypatch, capsys) -> None:
         "digit_vqa_strokes" in out and "n=10" in out and "arith_d1" not in out
     )  # only tasks with a specialist
     assert main(["specialists", "--suite", str(tmp_path / "none.yaml")]) == 2
+
+
+def test_the_content_recognizer_transcribes_through_its_encoder() -> None:
+    import torch
+
+    from ernie5.tokenizers.speech_content import SpeechContentConfig, SpeechContentEncoder
+
+    torch.manual_seed(0)
+    enc = SpeechContentEncoder(SpeechContentConfig(width=8, dilations=(1,))).eval()
+    rec = specialists.ContentRecognizer(enc, "enc")
+    waves = [
+        np.random.default_rng(i).standard_normal(n).astype(np.float32) * 0.1
+        for i, n in enumerate((900, 4000))
+    ]
+    one_by_one = [rec.transcribe([w])[0] for w in waves]
+    assert rec.transcribe(waves) == one_by_one  # padding beside an utterance changes nothing
+    lengths = torch.tensor([len(w) for w in waves])
+    padded = torch.zeros(2, 4000)
+    for j, w in enumerate(waves):
+        padded[j, : len(w)] = torch.from_numpy(w)
+    assert one_by_one == enc.transcribe(padded, lengths)
 
 
 @pytest.mark.slow

@@ -22,6 +22,9 @@ TINY = [
     "vision.video_image_batch_size=2",
     "vision.eval_images=4",
     "vision.eval_clips=2",
+    "speech.steps=2",
+    "speech.batch_size=2",
+    "speech.espeak_utterances=8",
     "codec.steps=2",
     "codec.batch_size=2",
     "codec.teacher_fit_crops=8",
@@ -57,6 +60,7 @@ def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir)
     record = json.loads((recipe_dir / "recipe.json").read_text())
     assert set(record["stages"]) == {
         "vision",
+        "speech",
         "codec",
         "refiner",
         "backbone",
@@ -70,8 +74,11 @@ def test_the_recipe_trains_every_stage_and_exports_a_bf16_checkpoint(recipe_dir)
     }
     assert all(record["stages"][s]["seconds"] > 0 for s in record["stages"])
     assert record["overrides"]["backbone"][0] == "train.steps=2"
+    backbone_cfg = yaml.safe_load(record["stages"]["backbone"]["config"])
+    assert backbone_cfg["data"]["speech_encoder"] == str(recipe_dir / "speech" / "encoder")
     ckpt = load_checkpoint(recipe_dir / "reference")
     assert ckpt.vision_tokenizer is not None and ckpt.audio_codec is not None and ckpt.refiner is not None
+    assert ckpt.cfg.audio.content_dim == ckpt.audio_codec.content_encoder.cfg.width
     assert ckpt.cfg.moe.n_experts >= 64 and ckpt.cfg.moe.top_k >= 4  # the paper's fine-grained sparsity
     assert all(p.dtype == torch.float32 for p in ckpt.model.parameters())  # load_dtype upcasts
     params = {n for n, _ in ckpt.model.named_parameters()}
@@ -112,6 +119,7 @@ def test_a_rerun_keeps_finished_stages_and_a_killed_stage_is_redone(recipe_dir, 
     import train.pretrain.loop
     import train.side.audio_codec
     import train.side.refiner
+    import train.side.speech_content
     import train.side.vision_tokenizer
 
     def must_not_train(*args, **kwargs):
@@ -119,6 +127,7 @@ def test_a_rerun_keeps_finished_stages_and_a_killed_stage_is_redone(recipe_dir, 
 
     for module, name in (
         (train.side.vision_tokenizer, "train_vision_tokenizer"),
+        (train.side.speech_content, "train_speech_content"),
         (train.side.audio_codec, "train_audio_codec"),
         (train.pretrain.loop, "pretrain"),
     ):

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+
 from ernie5.config import ConfigError, from_dict, read_yaml, to_dict
 from ernie5.model.config import ModelConfig
 from ernie5.store.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, load_checkpoint
@@ -132,11 +134,40 @@ def load_start(source: str | Path, model: ModelConfig, key: str) -> Checkpoint:
     except (CheckpointError, OSError) as e:
         raise RunError(f"{key}: {str(e).splitlines()[0]}") from None
     theirs, ours = to_dict(ckpt.cfg), to_dict(model)
+    if theirs != ours and _grows_content(ckpt.cfg, model):
+        ckpt = _with_content_projection(ckpt, model)
+        theirs = ours
     if theirs != ours:
         raise RunError(f"{key}: {source} has a different model config ({first_difference(theirs, ours)})")
     if ckpt.tokenizer is None:
         raise RunError(f"{key}: {source} has no text tokenizer")
     return ckpt
+
+
+def _grows_content(theirs: ModelConfig, ours: ModelConfig) -> bool:
+    """Whether ``ours`` is ``theirs`` with speech-content features added (``audio.content_dim`` 0 -> F)."""
+    import dataclasses
+
+    if not (ours.audio.enabled and theirs.audio.content_dim == 0 and ours.audio.content_dim > 0):
+        return False
+    same = dataclasses.replace(ours, audio=dataclasses.replace(ours.audio, content_dim=0))
+    return to_dict(same) == to_dict(theirs)
+
+
+def _with_content_projection(ckpt: Checkpoint, model_cfg: ModelConfig) -> Checkpoint:
+    """``ckpt`` with its model rebuilt under ``model_cfg``: every weight kept, the new content projection
+    initialised with a zero output layer, so the grown model computes exactly what the old one did until
+    training moves it (as an adapter is added)."""
+    import dataclasses
+
+    from ernie5.model.model import Ernie5Model
+
+    grown = Ernie5Model(model_cfg)
+    missing, unexpected = grown.load_state_dict(ckpt.model.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("audio.content_proj.") for k in missing), (missing, unexpected)
+    with torch.no_grad():
+        grown.audio.content_proj[2].weight.zero_()
+    return dataclasses.replace(ckpt, model=grown, cfg=model_cfg)
 
 
 @contextmanager

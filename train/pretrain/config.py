@@ -66,6 +66,10 @@ class DataConfig:
     audio_codec: str = ""
     """Folder of the frozen audio codec (``ernie5 train-audio-codec`` writes DIR/codec), or a checkpoint
     whose codec to reuse (``reference``; a checkpoint folder); needed by audio sources."""
+    speech_encoder: str = ""
+    """Folder of a trained speech-content encoder (``train.side.speech_content`` writes DIR/encoder), or
+    a checkpoint whose encoder to reuse; attached to the codec for models with ``audio.content_dim > 0``
+    ('' = the one the codec's checkpoint carries)."""
     refiner: str = ""
     """Folder of a trained cascaded refiner (``ernie5 train-refiner``) shipped in every checkpoint."""
     cfg_dropout: float = 0.1

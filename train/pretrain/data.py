@@ -387,6 +387,11 @@ class MixtureStream:
         if audio:
             codes = encode_waves(self.audio_codec, [a.wave for a in audio])
             encoded.update({id(a): c for a, c in zip(audio, codes, strict=True)})
+            und = [a for a in audio if a.kind != "gen"]
+            encoder = self.audio_codec.content_encoder
+            if und and encoder is not None:  # understanding frames also carry content features
+                feats = audio_docs.content_features(encoder, self.audio_codec, [a.wave for a in und])
+                encoded.update({("feats", id(a)): f for a, f in zip(und, feats, strict=True)})
         return [d if isinstance(d, list) else self._media_segments(d, encoded) for d in docs]
 
     def _media_segments(self, item: _MediaItem, encoded: dict) -> list[Segment]:
@@ -397,7 +402,7 @@ class MixtureStream:
             if doc.kind == "gen":
                 seg = audio_docs.generation_segment(codes, doc.speaker)
             else:
-                seg = audio_docs.understanding_segment(codes)
+                seg = audio_docs.understanding_segment(codes, encoded.get(("feats", id(doc))))
             return audio_docs.audio_document(seg, doc.kind, item.prompt, item.answer, context=item.context)
         frames = doc.media.shape[0] if doc.clip else 1
         return media_document(

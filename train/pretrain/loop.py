@@ -65,6 +65,7 @@ from ernie5.model.inputs import IGNORE, Targets
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE, update_router_bias
 from ernie5.runtime.distributed import init_dist, pick_device
+from ernie5.runtime.preempt import Preempted, Preemption, preemptible
 from ernie5.sequence.segments import MODALITIES
 from ernie5.store.checkpoint import (
     checkpoint_dir,
@@ -84,7 +85,6 @@ from train.common.nonfinite import (
     nonfinite_grad,
 )
 from train.common.optim import make_optimizer
-from ernie5.runtime.preempt import Preempted, Preemption, preemptible
 from train.common.run_folder import (
     RunError,
     cut_metrics,
@@ -97,7 +97,7 @@ from train.common.schedule import lr_at, staged
 from train.pretrain.config import RunConfig
 from train.pretrain.data import MixtureStream, open_sources, tokenizer_corpus
 from train.pretrain.elastic import sample_subnet
-from train.pretrain.media import load_audio_codec, load_refiner, load_vision_tokenizer
+from train.pretrain.media import load_audio_codec, load_refiner, load_vision_tokenizer, with_speech_encoder
 from train.pretrain.parallel import checkpoint as parallel_ckpt
 from train.pretrain.parallel.shard import make_sharded_optimizer, parallelize
 from train.pretrain.precision import MixedPrecision
@@ -346,7 +346,7 @@ class Trainer:
         ship come from ``data.*``)."""
         self.model, self.tokenizer = ckpt.model, ckpt.tokenizer
         self.vision_tokenizer = ckpt.vision_tokenizer or load_vision_tokenizer(self.cfg)
-        self.audio_codec = ckpt.audio_codec or load_audio_codec(self.cfg)
+        self.audio_codec = with_speech_encoder(ckpt.audio_codec, self.cfg) or load_audio_codec(self.cfg)
         self.refiner = ckpt.refiner or load_refiner(self.cfg)
 
     def _init_from(self, path: str, tok_path: Path) -> None:

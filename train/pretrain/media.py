@@ -43,13 +43,36 @@ def load_audio_codec(cfg: RunConfig):
     from ernie5.tokenizers.audio_codec import AudioCodec
 
     if names_media_checkpoint(cfg.data.audio_codec, "audio_codec"):
-        return _checkpoint_part(cfg.data.audio_codec, "audio_codec", cfg.model)
+        return with_speech_encoder(_checkpoint_part(cfg.data.audio_codec, "audio_codec", cfg.model), cfg)
     try:
         codec = AudioCodec.load(cfg.data.audio_codec)
     except (ValueError, OSError) as e:
         raise RunError(f"data.audio_codec: {str(e).splitlines()[0]}") from None
     check_codec_fits(codec.cfg, cfg.model, "data.audio_codec", RunError)
-    return codec.eval().requires_grad_(False)
+    return with_speech_encoder(codec.eval().requires_grad_(False), cfg)
+
+
+def with_speech_encoder(codec, cfg: RunConfig):
+    """``codec`` with ``data.speech_encoder`` attached (when named), checked against
+    ``model.audio.content_dim``: a model that reads content features gets an encoder of their width."""
+    from ernie5.store.checkpoint import check_content_fits
+
+    if codec is None:
+        return None
+    if cfg.data.speech_encoder:
+        from ernie5.tokenizers.speech_content import SpeechContentEncoder
+
+        value = cfg.data.speech_encoder
+        if names_media_checkpoint(value, "audio_codec"):
+            encoder = _checkpoint_part(value, "audio_codec", cfg.model).content_encoder
+        else:
+            try:
+                encoder = SpeechContentEncoder.load(value)
+            except (ValueError, OSError) as e:
+                raise RunError(f"data.speech_encoder: {str(e).splitlines()[0]}") from None
+        codec.attach_content_encoder(encoder)
+    check_content_fits(codec.content_encoder, cfg.model, "data.speech_encoder", RunError)
+    return codec
 
 
 def load_vision_tokenizer(cfg: RunConfig):

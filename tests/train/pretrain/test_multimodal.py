@@ -187,3 +187,39 @@ def test_a_run_reuses_a_checkpoints_tokenizer_and_codec(tmp_path):
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     with pytest.raises(RunError, match=r"data\.vision_tokenizer='reference': .*does not fit"):
         pretrain(cfg("model.vision.cnn_channels=32"), tmp_path / "x", quiet=True)
+
+
+@pytest.fixture(scope="module")
+def speech_dir(tmp_path_factory):
+    from ernie5.tokenizers.speech_content import SpeechContentConfig, SpeechContentEncoder
+
+    torch.manual_seed(0)
+    enc = SpeechContentEncoder(SpeechContentConfig(width=8, dilations=(1,)))
+    return enc.save(tmp_path_factory.mktemp("speech") / "encoder")
+
+
+def test_understanding_frames_read_content_features_and_the_checkpoint_ships_the_encoder(
+    codec_dir, speech_dir, tmp_path
+):
+    from ernie5.tokenizers.text import TextTokenizer
+    from train.pretrain.data import MixtureStream, open_sources
+    from train.pretrain.media import load_audio_codec
+
+    extra = ("model.audio.content_dim=8", f"data.speech_encoder={speech_dir}")
+    cfg = _audio_cfg(codec_dir, *extra, "data.sources={dtmf: 1.0}")
+    tok = TextTokenizer.train(
+        ["Transcript: one two three four five six seven eight nine zero star pound"] * 20, 300
+    )
+    stream = MixtureStream(cfg.data, open_sources(cfg.data, None), tok, 0, audio_codec=load_audio_codec(cfg))
+    batch = stream.batch(0)
+    a = batch.inputs.audio
+    assert a.frame_feats_MF is not None and a.frame_feats_MF.shape == (a.frame_codes_MQ.shape[0], 8)
+    has_feats = a.frame_feats_MF.abs().sum(-1).gt(0)
+    # half of the DTMF documents are recognition (features), half synthesis (none: zeros)
+    assert has_feats.any() and not has_feats.all()
+    out = tmp_path / "run"
+    pretrain(cfg, out, quiet=True)
+    ckpt = load_checkpoint(checkpoint_dirs(out)[-1])
+    assert ckpt.audio_codec.content_encoder is not None and ckpt.cfg.audio.content_dim == 8
+    with pytest.raises(RunError, match="content_dim=8"):
+        pretrain(_audio_cfg(codec_dir, "model.audio.content_dim=8"), tmp_path / "x", quiet=True)
