@@ -169,10 +169,15 @@ def _dtmf_codes(ckpt: Checkpoint) -> tuple[torch.Tensor, str]:
 
 
 def _audio_und_doc(ckpt: Checkpoint) -> list[Segment]:
-    """``BOS BOA <frames> EOA`` then the transcript."""
+    """``BOS BOA <frames> EOA`` then the transcript (the frames with their speech-content features when
+    the model reads them)."""
     codes_NQ, words = _dtmf_codes(ckpt)
     answer = ckpt.tokenizer.encode(transcript_text(words))
-    return audio_docs.audio_document(audio_docs.understanding_segment(codes_NQ), "und", [], answer)
+    feats = None
+    if ckpt.audio_codec.content_encoder is not None:
+        u = dtmf_utterance("4#", random.Random(f"{SEED}/dtmf"))
+        (feats,) = audio_docs.content_features(ckpt.audio_codec.content_encoder, ckpt.audio_codec, [u.wave])
+    return audio_docs.audio_document(audio_docs.understanding_segment(codes_NQ, feats), "und", [], answer)
 
 
 def _audio_gen_doc(ckpt: Checkpoint) -> list[Segment]:
