@@ -15,17 +15,22 @@ from ernie5.sequence.segments import AudioSeg, Segment, text_segment
 from ernie5.tokenizers.special import BOA, BOS, EOA, EOS
 
 
+def _padded_chunk(codec, waves: list[np.ndarray]) -> tuple[list[np.ndarray], torch.Tensor]:
+    """The waveforms as float32 arrays, and zero-padded to whole codec frames ``(B, S)`` (at least one)."""
+    chunk = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waves]
+    longest = max(len(w) for w in chunk)
+    wave_BS = torch.zeros(len(chunk), max(codec.hop, -(-longest // codec.hop) * codec.hop))
+    for i, w in enumerate(chunk):
+        wave_BS[i, : len(w)] = torch.from_numpy(w)
+    return chunk, wave_BS
+
+
 @torch.inference_mode()
 def encode_waves(codec, waves: list[np.ndarray], batch_size: int = 64) -> list[torch.Tensor]:
     """Codes ``(n_frames, Q)`` of each waveform (float32 at the codec's rate), batched and zero-padded."""
     out: list[torch.Tensor] = []
     for start in range(0, len(waves), batch_size):
-        chunk = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waves[start : start + batch_size]]
-        longest = max(len(w) for w in chunk)
-        n_pad = max(codec.hop, -(-longest // codec.hop) * codec.hop)
-        wave_BS = torch.zeros(len(chunk), n_pad)
-        for i, w in enumerate(chunk):
-            wave_BS[i, : len(w)] = torch.from_numpy(w)
+        chunk, wave_BS = _padded_chunk(codec, waves[start : start + batch_size])
         codes_BNQ = codec.encode(wave_BS)
         for i, w in enumerate(chunk):
             out.append(codes_BNQ[i, : max(1, codec.n_frames(len(w)))].long().cpu())
@@ -41,12 +46,7 @@ def content_features(encoder, codec, waves: list[np.ndarray], batch_size: int = 
 
     out: list[torch.Tensor] = []
     for start in range(0, len(waves), batch_size):
-        chunk = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waves[start : start + batch_size]]
-        longest = max(len(w) for w in chunk)
-        n_pad = max(codec.hop, -(-longest // codec.hop) * codec.hop)
-        wave_BS = torch.zeros(len(chunk), n_pad)
-        for i, w in enumerate(chunk):
-            wave_BS[i, : len(w)] = torch.from_numpy(w)
+        chunk, wave_BS = _padded_chunk(codec, waves[start : start + batch_size])
         lengths_B = torch.tensor([max(1, len(w)) for w in chunk])
         feats_BTF = encoder.features(wave_BS, lengths_B).float()
         for i, w in enumerate(chunk):
