@@ -374,6 +374,12 @@ class AudioCodec(nn.Module):
         self.__dict__["_content_encoder"] = None if encoder is None else encoder.eval().requires_grad_(False)
         return self
 
+    def _apply(self, fn, recurse: bool = True):  # .to(device), .double(), ...: the encoder follows
+        super()._apply(fn, recurse)
+        if self.content_encoder is not None:
+            self.content_encoder._apply(fn, recurse)
+        return self
+
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
         """Write ``path/`` atomically: weights + codebooks, ``config.yaml``, ``meta.json``."""

@@ -137,6 +137,9 @@ def test_a_checkpoint_keeps_the_encoder_with_its_codec(tmp_path):
     again = ckpt.audio_codec.content_encoder
     assert again is not None and again.cfg == enc.cfg
     assert "content_encoder" not in "".join(ckpt.audio_codec.state_dict())  # not part of the codec's weights
+    ckpt.audio_codec.double()  # moves and casts follow the codec
+    assert next(again.parameters()).dtype == torch.float64
+    ckpt.audio_codec.float()
     wave = torch.randn(1, 2000) * 0.1
     assert torch.equal(again.features(wave), enc.features(wave))
     save_checkpoint(tmp_path / "bare", model, tokenizer=tok, audio_codec=codec.attach_content_encoder(None))
