@@ -120,6 +120,36 @@ def _write_tensors(
     fsync_path(path)
 
 
+def _write_part(folder: Path, files: tuple[str, str], module: Any) -> None:
+    """A frozen side part (vision tokenizer, refiner, codec, speech encoder): its weights and config as
+    ``files`` = ``(weights, config)`` in ``folder``."""
+    _write_tensors(
+        folder / files[0], {k: v.contiguous() for k, v in module.state_dict().items()}, metadata={}
+    )
+    _write_bytes(folder / files[1], dump(module.cfg).encode())
+
+
+def _load_part(
+    path: Path, files: tuple[str, str], build: Any, cfg_type: type, device, fits: Any = None
+) -> Any:
+    """The side part stored as ``files`` in ``path``: its config read strictly (and checked by
+    ``fits(cfg, where)`` when given), ``build(cfg)`` loaded with its weights, frozen on ``device``; every
+    problem a one-line :class:`CheckpointError` naming the file."""
+    weights_file, config_file = (path / name for name in files)
+    try:
+        part_cfg = from_dict(cfg_type, read_yaml(config_file))
+    except ConfigError as e:
+        raise CheckpointError(f"{config_file}: {e}") from None
+    if fits is not None:
+        fits(part_cfg, str(config_file))
+    module = build(part_cfg)
+    try:
+        module.load_state_dict(_read_tensors(weights_file))
+    except RuntimeError as e:
+        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
+    return module.to(device).eval().requires_grad_(False)
+
+
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"{path.parent}: missing {path.name}")
@@ -430,35 +460,15 @@ def save_checkpoint(
             save_train_state(tmp, optimizer=optimizer, tensors=tensors, state=state)
         for name, data in extra_files.items():
             _write_bytes(tmp / name, data)
-        if vision_tokenizer is not None:
-            _write_tensors(
-                tmp / VISION_TOKENIZER_FILES[0],
-                {k: v.contiguous() for k, v in vision_tokenizer.state_dict().items()},
-                metadata={},
-            )
-            _write_bytes(tmp / VISION_TOKENIZER_FILES[1], dump(vision_tokenizer.cfg).encode())
-        if refiner is not None:
-            _write_tensors(
-                tmp / REFINER_FILES[0],
-                {k: v.contiguous() for k, v in refiner.state_dict().items()},
-                metadata={},
-            )
-            _write_bytes(tmp / REFINER_FILES[1], dump(refiner.cfg).encode())
-        if audio_codec is not None:
-            _write_tensors(
-                tmp / AUDIO_CODEC_FILES[0],
-                {k: v.contiguous() for k, v in audio_codec.state_dict().items()},
-                metadata={},
-            )
-            _write_bytes(tmp / AUDIO_CODEC_FILES[1], dump(audio_codec.cfg).encode())
-            encoder = getattr(audio_codec, "content_encoder", None)
-            if encoder is not None:
-                _write_tensors(
-                    tmp / SPEECH_ENCODER_FILES[0],
-                    {k: v.contiguous() for k, v in encoder.state_dict().items()},
-                    metadata={},
-                )
-                _write_bytes(tmp / SPEECH_ENCODER_FILES[1], dump(encoder.cfg).encode())
+        parts = {
+            VISION_TOKENIZER_FILES: vision_tokenizer,
+            REFINER_FILES: refiner,
+            AUDIO_CODEC_FILES: audio_codec,
+            SPEECH_ENCODER_FILES: getattr(audio_codec, "content_encoder", None),
+        }
+        for files_, part in parts.items():
+            if part is not None:
+                _write_part(tmp, files_, part)
         for name, folder in (extra_dirs or {}).items():
             if name in RESERVED_FILES or not name or name.startswith(".") or Path(name).name != name:
                 raise ValueError(
@@ -555,39 +565,18 @@ def _load_audio_codec(path: Path, cfg: ModelConfig, device, check_content: bool 
     from ernie5.tokenizers.audio_codec import AudioCodec
     from ernie5.tokenizers.audio_config import AudioCodecConfig
 
-    weights_file, config_file = (path / name for name in AUDIO_CODEC_FILES)
-    try:
-        ccfg = from_dict(AudioCodecConfig, read_yaml(config_file))
-    except ConfigError as e:
-        raise CheckpointError(f"{config_file}: {e}") from None
-    check_codec_fits(ccfg, cfg, str(config_file), CheckpointError)
-    codec = AudioCodec(ccfg)
-    try:
-        codec.load_state_dict(_read_tensors(weights_file))
-    except RuntimeError as e:
-        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
-    codec = codec.to(device).eval().requires_grad_(False)
+    def fits(ccfg, where: str) -> None:
+        check_codec_fits(ccfg, cfg, where, CheckpointError)
+
+    codec = _load_part(path, AUDIO_CODEC_FILES, AudioCodec, AudioCodecConfig, device, fits)
     if (path / SPEECH_ENCODER_FILES[0]).is_file():
-        codec.attach_content_encoder(_load_speech_encoder(path, device))
+        from ernie5.tokenizers.speech_content import SpeechContentConfig, SpeechContentEncoder
+
+        encoder = _load_part(path, SPEECH_ENCODER_FILES, SpeechContentEncoder, SpeechContentConfig, device)
+        codec.attach_content_encoder(encoder)
     if check_content:
         check_content_fits(codec.content_encoder, cfg, str(path), CheckpointError)
     return codec
-
-
-def _load_speech_encoder(path: Path, device) -> Any:
-    from ernie5.tokenizers.speech_content import SpeechContentConfig, SpeechContentEncoder
-
-    weights_file, config_file = (path / name for name in SPEECH_ENCODER_FILES)
-    try:
-        ecfg = from_dict(SpeechContentConfig, read_yaml(config_file))
-    except ConfigError as e:
-        raise CheckpointError(f"{config_file}: {e}") from None
-    encoder = SpeechContentEncoder(ecfg)
-    try:
-        encoder.load_state_dict(_read_tensors(weights_file))
-    except RuntimeError as e:
-        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
-    return encoder.to(device).eval().requires_grad_(False)
 
 
 def check_content_fits(encoder: Any, cfg: ModelConfig, where: str, error: type[Exception]) -> None:
@@ -627,17 +616,7 @@ def _load_refiner(path: Path, device) -> Any:
     """The stored cascaded refiner."""
     from ernie5.tokenizers.refiner import Refiner, RefinerConfig
 
-    weights_file, config_file = (path / name for name in REFINER_FILES)
-    try:
-        rcfg = from_dict(RefinerConfig, read_yaml(config_file))
-    except ConfigError as e:
-        raise CheckpointError(f"{config_file}: {e}") from None
-    refiner = Refiner(rcfg)
-    try:
-        refiner.load_state_dict(_read_tensors(weights_file))
-    except RuntimeError as e:
-        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
-    return refiner.to(device).eval().requires_grad_(False)
+    return _load_part(path, REFINER_FILES, Refiner, RefinerConfig, device)
 
 
 def _load_vision_tokenizer(path: Path, cfg: ModelConfig, device) -> Any:
@@ -645,19 +624,10 @@ def _load_vision_tokenizer(path: Path, cfg: ModelConfig, device) -> Any:
     from ernie5.tokenizers.vision import VisionTokenizer
     from ernie5.tokenizers.vision_config import VisionTokenizerConfig
 
-    weights_file, config_file = (path / name for name in VISION_TOKENIZER_FILES)
-    try:
-        tcfg = from_dict(VisionTokenizerConfig, read_yaml(config_file))
-    except ConfigError as e:
-        raise CheckpointError(f"{config_file}: {e}") from None
-    check_vision_fits(tcfg, cfg, str(config_file), CheckpointError)
-    tok = VisionTokenizer(tcfg)
-    try:
-        state = _read_tensors(weights_file)
-        tok.load_state_dict(state)
-    except RuntimeError as e:
-        raise CheckpointError(f"{weights_file}: {str(e).splitlines()[0]}") from None
-    return tok.to(device).eval().requires_grad_(False)
+    def fits(tcfg, where: str) -> None:
+        check_vision_fits(tcfg, cfg, where, CheckpointError)
+
+    return _load_part(path, VISION_TOKENIZER_FILES, VisionTokenizer, VisionTokenizerConfig, device, fits)
 
 
 def _media_files(part: str) -> tuple[str, str]:
