@@ -148,6 +148,47 @@ def _espeak_corpus(_data_dir: Path | None):
     return digit_corpus(voice_corpus_path(ESPEAK_UTTERANCES), ESPEAK_UTTERANCES, seed=0)
 
 
+def speech_pools(
+    root: Path | None,
+    names: set[str],
+    *,
+    fsdd_seq_pool: int,
+    seed: int,
+    espeak_utterances: int = ESPEAK_UTTERANCES,
+) -> dict:
+    """Training utterances of the speech sources in ``names`` that the data root (or eSpeak NG) has, for
+    the side-model trainers (codec, speech-content encoder); absent ones are left out:
+
+    * ``fsdd``: the FSDD train split (seen speakers only); ``fsdd_seq``: ``fsdd_seq_pool`` sequences of
+      2-4 of one speaker's train recordings (seeded by ``seed``; the recordings are read once);
+    * ``espeak``: the cached eSpeak NG digit corpus of ``espeak_utterances`` (seed 0);
+    * ``ljspeech``: the LJSpeech sample.
+
+    Returns ``{name: [Utterance, ...]}``.
+    """
+    import contextlib
+
+    from ernie5.data.audio import fsdd_utterances, ljspeech_utterances, sequences_from
+    from ernie5.data.root import DataMissing
+    from ernie5.data.voices import VoicesUnavailable, digit_corpus, voice_corpus_path
+
+    pools: dict = {}
+    if names & {"fsdd", "fsdd_seq"}:
+        with contextlib.suppress(DataMissing):
+            train = fsdd_utterances(root, "train")
+            if "fsdd" in names:
+                pools["fsdd"] = train
+            if "fsdd_seq" in names:
+                pools["fsdd_seq"] = sequences_from(train, fsdd_seq_pool, 2, 4, seed=seed)
+    if "espeak" in names:
+        with contextlib.suppress(VoicesUnavailable):
+            pools["espeak"] = digit_corpus(voice_corpus_path(espeak_utterances), espeak_utterances, seed=0)
+    if "ljspeech" in names:
+        with contextlib.suppress(DataMissing):
+            pools["ljspeech"] = ljspeech_utterances(root)
+    return pools
+
+
 def _fsdd_train(data_dir: Path | None):
     from ernie5.data.audio import fsdd_utterances
 

@@ -64,7 +64,6 @@ Deviations:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -76,7 +75,7 @@ import numpy as np
 import torch
 
 from ernie5.config import check, dump
-from ernie5.data.root import DataMissing, resolve_data_dir
+from ernie5.data.root import resolve_data_dir
 from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.audio_codec import AudioCodec, snr_db
 from ernie5.tokenizers.audio_config import AudioCodecConfig
@@ -232,37 +231,18 @@ class AudioCrops:
     @classmethod
     def open(cls, cfg: AudioCodecTrainConfig, root: Path | None) -> AudioCrops:
         """Load the pools from the data root (absent sources are skipped)."""
-        from ernie5.data.audio import fsdd_utterances, ljspeech_utterances, sequences_from
+        from ernie5.data.audio_sources import speech_pools
 
-        pools: dict[str, list[np.ndarray]] = {}
         wanted = {
             "fsdd": cfg.fsdd_weight,
             "fsdd_seq": cfg.fsdd_seq_weight,
             "ljspeech": cfg.ljspeech_weight,
             "espeak": cfg.espeak_weight,
         }
-        if wanted["fsdd"] > 0 or wanted["fsdd_seq"] > 0:
-            try:
-                train = fsdd_utterances(root, "train")
-            except DataMissing:
-                train = None
-            if train is not None:
-                if wanted["fsdd"] > 0:
-                    pools["fsdd"] = [u.wave for u in train]
-                if wanted["fsdd_seq"] > 0:
-                    # = fsdd_sequences(root, "train", ...) without reading the recordings twice
-                    seqs = sequences_from(train, cfg.fsdd_seq_pool, 2, 4, seed=cfg.seed)
-                    pools["fsdd_seq"] = [u.wave for u in seqs]
-        if wanted["ljspeech"] > 0:
-            with contextlib.suppress(DataMissing):
-                pools["ljspeech"] = [u.wave for u in ljspeech_utterances(root)]
-        if wanted["espeak"] > 0:
-            from ernie5.data.audio_sources import ESPEAK_UTTERANCES
-            from ernie5.data.voices import VoicesUnavailable, digit_corpus, voice_corpus_path
-
-            with contextlib.suppress(VoicesUnavailable):
-                corpus = digit_corpus(voice_corpus_path(ESPEAK_UTTERANCES), ESPEAK_UTTERANCES, seed=0)
-                pools["espeak"] = [u.wave for u in corpus]
+        utts = speech_pools(
+            root, {k for k, w in wanted.items() if w > 0}, fsdd_seq_pool=cfg.fsdd_seq_pool, seed=cfg.seed
+        )
+        pools = {k: [u.wave for u in utts[k]] for k in wanted if k in utts}  # the weights' order
         raw = {"dtmf": cfg.dtmf_weight, **{k: wanted[k] for k in pools}}
         total = sum(raw.values())
         return cls(

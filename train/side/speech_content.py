@@ -96,26 +96,13 @@ class SpeechContentTrainConfig:
 
 def open_pools(cfg: SpeechContentTrainConfig, root: Path | None) -> dict[str, list[tuple[np.ndarray, str]]]:
     """``(wave, normalised text)`` pools of the sources with a weight and data (absent ones left out)."""
-    from ernie5.data.audio import fsdd_utterances, ljspeech_utterances, sequences_from
+    from ernie5.data.audio_sources import speech_pools
 
-    pools: dict[str, list[tuple[np.ndarray, str]]] = {}
-    if cfg.fsdd_weight > 0 or cfg.fsdd_seq_weight > 0:
-        with contextlib.suppress(DataMissing):
-            train = fsdd_utterances(root, "train")
-            if cfg.fsdd_weight > 0:
-                pools["fsdd"] = [(u.wave, u.text) for u in train]
-            if cfg.fsdd_seq_weight > 0:
-                seqs = sequences_from(train, cfg.fsdd_seq_pool, 2, 4, seed=cfg.seed)
-                pools["fsdd_seq"] = [(u.wave, u.text) for u in seqs]
-    if cfg.espeak_weight > 0:
-        from ernie5.data.voices import VoicesUnavailable, digit_corpus, voice_corpus_path
-
-        with contextlib.suppress(VoicesUnavailable):
-            corpus = digit_corpus(voice_corpus_path(cfg.espeak_utterances), cfg.espeak_utterances, seed=0)
-            pools["espeak"] = [(u.wave, u.text) for u in corpus]
-    if cfg.ljspeech_weight > 0:
-        with contextlib.suppress(DataMissing):
-            pools["ljspeech"] = [(u.wave, u.text) for u in ljspeech_utterances(root)]
+    names = {k for k in SOURCES if getattr(cfg, f"{k}_weight") > 0}
+    utts = speech_pools(
+        root, names, fsdd_seq_pool=cfg.fsdd_seq_pool, seed=cfg.seed, espeak_utterances=cfg.espeak_utterances
+    )
+    pools = {k: [(u.wave, u.text) for u in utts[k]] for k in SOURCES if k in utts}
     return pools
 
 
