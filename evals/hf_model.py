@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,17 +147,9 @@ def load_hf_target(checkpoint: str | Path, max_len: int = 4096) -> HFTarget:
 def calibration_ids(tokenizer, data_dir=None, n: int = 4, seq_len: int = 128) -> list[torch.Tensor]:
     """ERNIE5's calibration text (:func:`ernie5.subnets.importance.calibration_batches`) in this
     tokenizer's ids: batches of two equal-length rows."""
-    from ernie5.data import procedural
+    from ernie5.subnets.importance import calibration_texts
 
-    rng = random.Random("calibration")
-    texts = [procedural.procedural_document(rng) for _ in range(n * 2)]
-    try:
-        from ernie5.data import text as text_data
-
-        train, _ = text_data.shakespeare_split(text_data.read_shakespeare(data_dir))
-        texts += [train[i * 5000 : i * 5000 + 2000] for i in range(n)]
-    except Exception:  # noqa: BLE001 - calibration text is optional
-        pass
+    texts = calibration_texts(data_dir, n)
     prefix = _prefix(tokenizer)
     ids = [[*prefix, *tokenizer.encode(t, add_special_tokens=False)][:seq_len] for t in texts]
     width = min(len(x) for x in ids)

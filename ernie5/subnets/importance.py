@@ -38,11 +38,9 @@ class Importance:
     """Per layer, fraction of routed pairs per expert (None for dense layers)."""
 
 
-def calibration_batches(
-    tokenizer, data_dir: str | Path | None = None, n: int = 4, seq_len: int = 128
-) -> list[torch.Tensor]:
-    """Token batches for importance calibration: the seeded procedural documents, plus the
-    training part of Tiny Shakespeare when the data root has it."""
+def calibration_texts(data_dir: str | Path | None = None, n: int = 4) -> list[str]:
+    """The calibration text: ``2 n`` seeded procedural documents, plus ``n`` 2000-character pieces of
+    Tiny Shakespeare's training part when the data root has it."""
     rng = random.Random("calibration")
     texts = [procedural.procedural_document(rng) for _ in range(n * 2)]
     try:
@@ -52,7 +50,15 @@ def calibration_batches(
         texts += [train[i * 5000 : i * 5000 + 2000] for i in range(n)]
     except Exception:  # noqa: BLE001 - calibration text is optional
         pass
-    ids = [[BOS, *tokenizer.encode(t), EOS][:seq_len] for t in texts]
+    return texts
+
+
+def calibration_batches(
+    tokenizer, data_dir: str | Path | None = None, n: int = 4, seq_len: int = 128
+) -> list[torch.Tensor]:
+    """Token batches for importance calibration: :func:`calibration_texts` in ``tokenizer``'s ids, two
+    equal-length rows a batch."""
+    ids = [[BOS, *tokenizer.encode(t), EOS][:seq_len] for t in calibration_texts(data_dir, n)]
     width = min(len(x) for x in ids)
     return [torch.tensor([x[:width] for x in ids[i : i + 2]]) for i in range(0, len(ids) - 1, 2)]
 
