@@ -27,10 +27,12 @@ One command, unattended, seeded, in these stages under ``--out DIR``:
                     file read from the data root
 
 Resuming: the command is re-run with the same ``--out``. A finished stage is kept (each side model
-is trained into a temporary folder renamed into place when complete, so a killed stage is redone
-from its start, a few minutes at most); the backbone and its anneal continue from their newest
-checkpoint (every ``train.ckpt_every`` steps) with exact resume, so ``kill -9`` costs at most one
-checkpoint interval.
+is trained into a temporary folder renamed into place when complete); a side model's stage continues
+from its resume state (every ``resume.every`` steps, and at once on ``SIGTERM``: :mod:`train.side.resume`),
+the backbone and its anneals from their newest checkpoint (every ``train.ckpt_every`` steps, and on
+``SIGTERM``), all with exact resume, so ``kill -9`` costs at most one checkpoint interval and a
+preemption nothing. ``SIGTERM`` (or a first Ctrl-C) during any stage stops it at its next step boundary
+with its state written, and ``ernie5`` exits 143.
 
 Installing: ``--install`` copies the export into the package (``ernie5/reference/``), where
 ``--checkpoint reference`` finds it; the maintainer commits it with ``MODEL_CARD.md``.
@@ -55,6 +57,7 @@ from ernie5.files import file_sha256
 from ernie5.presets import resolve_config_path
 from ernie5.store.checkpoint import checkpoint_dir
 from ernie5.store.runs import provenance, write_json
+from train.side.resume import RESUME_FILE
 
 VISION_OVERRIDES: list[str] = []
 """The vision tokenizer's recipe: the trainer's defaults (2000 2D steps, 80 3D steps)."""
@@ -157,7 +160,8 @@ def _stage(
     if out.exists():  # an incomplete stage from a killed run: redo it
         shutil.rmtree(out)
     tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not (tmp / RESUME_FILE).is_file():  # else a stopped side trainer continues from its state
+        shutil.rmtree(tmp, ignore_errors=True)
     if not quiet:
         print(f"recipe: training the {what} into {out}", file=sys.stderr)
     train(tmp)

@@ -26,8 +26,9 @@ EXIT_CODES = {
     "more often than `nonfinite` / `nonfinite_patience` allow (one line: the step, the quantity, the last "
     "good checkpoint; no checkpoint of non-finite weights is written)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
-    EXIT_PREEMPTED: "preempted: `SIGTERM` (or a first Ctrl-C) stopped `train`, `sft`, `recipe` or `rl` at a "
-    "step boundary with a checkpoint (one line names it; `--resume` continues exactly)",
+    EXIT_PREEMPTED: "preempted: `SIGTERM` (or a first Ctrl-C) stopped `train`, `sft`, `recipe`, `rl` or a "
+    "`train-*` side trainer at a step boundary with a checkpoint (one line names it; `--resume`, or for "
+    "`recipe` and `train-*` the same command, continues exactly), or `sweep` / `nightly` between units",
     EXIT_BROKEN_PIPE: "stdout was closed by its reader (e.g. `| head`)",
 }
 """Every exit code of ``ernie5`` and what it means (the ``--help`` epilog and the README list them)."""

@@ -200,11 +200,13 @@ def add_study_parser(sub) -> None:
 
 
 def _train_component(args, config_cls, train_fn, **kwargs) -> int:
-    """Shared body of the ``train-*`` commands: a new --out folder, a strict config, a JSON summary."""
+    """Shared body of the ``train-*`` commands: a new --out folder (or one a stopped run left with its
+    resume state, which the run continues from), a strict config, a JSON summary."""
     from ernie5.config import load
+    from train.side.resume import RESUME_FILE
 
     out = check_out(args.out)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(out.iterdir()) and not (out / RESUME_FILE).is_file():
         raise CLIError(f"--out {out} already exists and is not empty; choose a new folder")
     cfg = load(config_cls, args.config, args.set or [])
     print_json(train_fn(cfg, out, args.data_dir, time_budget_s=args.time_budget, **kwargs))

@@ -84,6 +84,7 @@ from ernie5.tokenizers.audio_teacher import KMeansTeacher, SemanticTeacher, buil
 from train.common.optim import OptimConfig, make_adamw, param_groups
 from train.common.schedule import ScheduleConfig, cosine_progress, lr_at
 from train.side.audio_codec_eval import codec_speed, evaluate_codec, heldout_sets
+from train.side.resume import ResumeConfig, side_run
 
 SOURCES = ("dtmf", "fsdd", "fsdd_seq", "ljspeech", "espeak")
 """Training sources, in the order their weights are listed."""
@@ -157,6 +158,8 @@ class AudioCodecTrainConfig:
     """Steps between metrics.jsonl records."""
     seed: int = 0
     """Seeds the weights, the data, the teacher and the held-out DTMF set (``seed + 1_000_003``)."""
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
+    """Resume states and preemption (:mod:`train.side.resume`)."""
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, f"steps={self.steps} must be >= 1")
@@ -402,69 +405,75 @@ def train_audio_codec(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "meta.json", provenance(seed=cfg.seed))
-    write_atomic(out / "config.yaml", dump(cfg))
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    root = resolve_data_dir(data_dir)
-    data = AudioCrops.open(cfg, root)
-    codec = AudioCodec(cfg.codec)
-    summary: dict[str, Any] = {
-        "n_params": sum(p.numel() for p in codec.parameters()),
-        "n_params_encoder": sum(p.numel() for p in codec.encoder.parameters()),
-        "n_params_decoder": sum(p.numel() for p in codec.decoder.parameters()),
-        "hop": codec.hop,
-        "frame_rate": codec.frame_rate,
-        "n_levels": codec.n_levels,
-        "codebook_size": codec.codebook_size,
-        "codes_per_s_audio": codec.frame_rate * codec.n_levels,
-        "bitrate_bps": cfg.codec.bitrate,
-        "sources": {k: round(v, 4) for k, v in data.weights.items()},
-    }
-    t0 = time.perf_counter()
-    teacher = fit_teacher(codec, data, cfg, random.Random(cfg.seed + 7))
-    summary["teacher"] = {"kind": cfg.codec.teacher, "fit_s": round(time.perf_counter() - t0, 2)}
-    opt = make_adamw(param_groups(codec, cfg.optim.weight_decay, min_ndim=2), cfg.optim)
-    codec.train()
-    steps_run = 0
-    for step in range(cfg.steps):
-        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-            summary["stopped_early_at_step"] = step
-            break
-        wave, sources = data.batch(cfg.batch_size, rng)
-        used = 0.0 if not time_budget_s else (time.perf_counter() - t0) / time_budget_s
-        progress = max(cosine_progress(step, cfg.steps, cfg.schedule.warmup_steps), used)
-        lr = lr_at(step, cfg.steps, cfg.optim.lr, cfg.schedule, progress)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        loss, terms = codec_loss(codec, wave, cfg, teacher)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(codec.parameters(), cfg.optim.grad_clip or float("inf"))
-        opt.step()
-        steps_run = step + 1
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            record = {"step": step, "lr": lr, "loss": loss.item(), **terms, "grad_norm": float(grad_norm)}
-            record["crop_s"] = round(wave.shape[1] / codec.sample_rate, 3)
-            record["elapsed_s"] = round(time.perf_counter() - t0, 2)
-            append_jsonl(out / "metrics.jsonl", record)
-            summary["last_log"] = record
-    summary["steps"] = steps_run
-    summary["train_s"] = round(time.perf_counter() - t0, 1)
-    summary["ema_perplexity"] = [round(p, 2) for p in codec.ema_perplexity()]
+    with side_run(out, dump(cfg), cfg.resume) as run:
+        write_json(out / "meta.json", provenance(seed=cfg.seed))
+        write_atomic(out / "config.yaml", dump(cfg))
+        torch.manual_seed(cfg.seed)
+        rng = random.Random(cfg.seed)
+        root = resolve_data_dir(data_dir)
+        data = AudioCrops.open(cfg, root)
+        codec = AudioCodec(cfg.codec)
+        summary: dict[str, Any] = {
+            "n_params": sum(p.numel() for p in codec.parameters()),
+            "n_params_encoder": sum(p.numel() for p in codec.encoder.parameters()),
+            "n_params_decoder": sum(p.numel() for p in codec.decoder.parameters()),
+            "hop": codec.hop,
+            "frame_rate": codec.frame_rate,
+            "n_levels": codec.n_levels,
+            "codebook_size": codec.codebook_size,
+            "codes_per_s_audio": codec.frame_rate * codec.n_levels,
+            "bitrate_bps": cfg.codec.bitrate,
+            "sources": {k: round(v, 4) for k, v in data.weights.items()},
+        }
+        t0 = time.perf_counter()
+        teacher = fit_teacher(codec, data, cfg, random.Random(cfg.seed + 7))
+        summary["teacher"] = {"kind": cfg.codec.teacher, "fit_s": round(time.perf_counter() - t0, 2)}
+        opt = make_adamw(param_groups(codec, cfg.optim.weight_decay, min_ndim=2), cfg.optim)
+        codec.train()
+        state = {"codec": codec, "opt": opt, "rng": rng}
+        steps_run = start = run.restore("codec", state)[0]
+        for step in range(start, cfg.steps):
+            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                summary["stopped_early_at_step"] = step
+                break
+            wave, sources = data.batch(cfg.batch_size, rng)
+            used = 0.0 if not time_budget_s else (time.perf_counter() - t0) / time_budget_s
+            progress = max(cosine_progress(step, cfg.steps, cfg.schedule.warmup_steps), used)
+            lr = lr_at(step, cfg.steps, cfg.optim.lr, cfg.schedule, progress)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            loss, terms = codec_loss(codec, wave, cfg, teacher)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                codec.parameters(), cfg.optim.grad_clip or float("inf")
+            )
+            opt.step()
+            steps_run = step + 1
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                record = {"step": step, "lr": lr, "loss": loss.item(), **terms, "grad_norm": float(grad_norm)}
+                record["crop_s"] = round(wave.shape[1] / codec.sample_rate, 3)
+                record["elapsed_s"] = round(time.perf_counter() - t0, 2)
+                append_jsonl(out / "metrics.jsonl", record)
+                summary["last_log"] = record
+            if steps_run < cfg.steps:
+                run.step_done("codec", steps_run, state)
+        summary["steps"] = steps_run
+        summary["train_s"] = round(time.perf_counter() - t0, 1)
+        summary["ema_perplexity"] = [round(p, 2) for p in codec.ema_perplexity()]
 
-    t1 = time.perf_counter()
-    summary["eval"] = {
-        name: evaluate_codec(codec, waves, keys, teacher)
-        for name, (waves, keys) in heldout_sets(
-            root, eval_dtmf=cfg.eval_dtmf, eval_fsdd=cfg.eval_fsdd, seed=cfg.seed
-        ).items()
-    }
-    summary["eval_s"] = round(time.perf_counter() - t1, 1)
-    summary["speed"] = codec_speed(codec)
-    codec.save(out / "codec", meta={"steps": steps_run, "seed": cfg.seed})
-    if isinstance(teacher, KMeansTeacher):
-        teacher.save(out / "teacher")
-    write_json(out / "summary.json", summary)
+        t1 = time.perf_counter()
+        summary["eval"] = {
+            name: evaluate_codec(codec, waves, keys, teacher)
+            for name, (waves, keys) in heldout_sets(
+                root, eval_dtmf=cfg.eval_dtmf, eval_fsdd=cfg.eval_fsdd, seed=cfg.seed
+            ).items()
+        }
+        summary["eval_s"] = round(time.perf_counter() - t1, 1)
+        summary["speed"] = codec_speed(codec)
+        codec.save(out / "codec", meta={"steps": steps_run, "seed": cfg.seed})
+        if isinstance(teacher, KMeansTeacher):
+            teacher.save(out / "teacher")
+        write_json(out / "summary.json", summary)
+        run.finish()
     return summary

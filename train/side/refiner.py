@@ -62,6 +62,7 @@ from ernie5.tokenizers.refiner import Refiner, RefinerConfig, to_pixels, upsampl
 from ernie5.tokenizers.vision import VisionTokenizer, reconstruct
 from train.common.optim import OptimConfig, make_adamw, param_groups
 from train.common.schedule import ScheduleConfig, lr_at
+from train.side.resume import ResumeConfig, side_run
 from train.side.vision_tokenizer import mnist_digits
 
 
@@ -118,6 +119,8 @@ class RefinerTrainConfig:
     """Steps between metrics.jsonl records."""
     seed: int = 0
     """Seeds the weights, the data, the degradations, the loss noise and the held-out sets."""
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
+    """Resume states and preemption (:mod:`train.side.resume`)."""
 
     def __post_init__(self) -> None:
         check(self.steps >= 1 and self.batch_size >= 1, "steps and batch_size must be >= 1")
@@ -290,71 +293,83 @@ def train_refiner(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "config.yaml", dump(cfg))
-    meta = provenance(seed=cfg.seed)
-    meta["tokenizer_path"] = str(tokenizer_path) if tokenizer_path is not None else None
-    write_json(out / "meta.json", meta)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    rc = cfg.refiner
-    tok = None
-    if tokenizer_path is not None:
-        tok = VisionTokenizer.load(tokenizer_path)
-        check(
-            tok.cfg.image_size == rc.low_size and tok.cfg.mode == "2d",
-            f"tokenizer {tokenizer_path}: need a 2d tokenizer with image_size={rc.low_size}, got "
-            f"{tok.cfg.mode} at {tok.cfg.image_size}",
-        )
-    root = resolve_data_dir(data_dir)
-    train_digits, test_digits = mnist_digits(root, "train"), mnist_digits(root, "test")
-    source = _PairSource(rc.low_size, rc.scale, cfg.mnist_fraction, train_digits)
-    sets = _eval_sets(cfg, tok, test_digits)
+    with side_run(out, dump(cfg), cfg.resume) as run:
+        write_atomic(out / "config.yaml", dump(cfg))
+        meta = provenance(seed=cfg.seed)
+        meta["tokenizer_path"] = str(tokenizer_path) if tokenizer_path is not None else None
+        write_json(out / "meta.json", meta)
+        rc = cfg.refiner
+        tok = None
+        if tokenizer_path is not None:
+            tok = VisionTokenizer.load(tokenizer_path)
+            check(
+                tok.cfg.image_size == rc.low_size and tok.cfg.mode == "2d",
+                f"tokenizer {tokenizer_path}: need a 2d tokenizer with image_size={rc.low_size}, got "
+                f"{tok.cfg.mode} at {tok.cfg.image_size}",
+            )
+        root = resolve_data_dir(data_dir)
+        train_digits, test_digits = mnist_digits(root, "train"), mnist_digits(root, "test")
+        source = _PairSource(rc.low_size, rc.scale, cfg.mnist_fraction, train_digits)
+        sets = _eval_sets(cfg, tok, test_digits)
 
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    refiner = Refiner(rc)
-    ema = copy.deepcopy(refiner).requires_grad_(False)
-    opt = make_adamw(param_groups(refiner, cfg.optim.weight_decay, min_ndim=2), cfg.optim)
-    summary: dict[str, Any] = {
-        "n_params": sum(p.numel() for p in refiner.parameters()),
-        "mnist": train_digits is not None,
-        "tokenizer": tok is not None,
-        "default_steps": rc.sample_steps,
-    }
-    t0 = time.perf_counter()
-    steps_run, window = 0, []
-    for step in range(cfg.steps):
-        elapsed = time.perf_counter() - t0
-        if time_budget_s is not None and elapsed > time_budget_s:
-            summary["stopped_early_at_step"] = step
-            break
-        progress = max(step / cfg.steps, elapsed / time_budget_s if time_budget_s else 0.0)
-        lr = lr_at(step, cfg.steps, cfg.optim.lr, cfg.schedule, progress)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        low, high = source.sample(cfg.batch_size, rng)
-        low = degrade(low, rng, cfg, tok)
-        loss = refiner.loss(to_pixels(low), to_pixels(high), generator=generator)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(refiner.parameters(), cfg.optim.grad_clip or float("inf"))
-        opt.step()
-        update_ema(ema, refiner, min(cfg.ema_decay, (1 + step) / (10 + step)))
-        window.append(loss.item())
-        steps_run = step + 1
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            record = {"step": step, "lr": lr, "loss": float(np.mean(window)), "grad_norm": float(grad_norm)}
-            record["elapsed_s"] = round(time.perf_counter() - t0, 2)
-            append_jsonl(out / "metrics.jsonl", record)
-            window = []
-    summary["steps"] = steps_run
-    summary["train_s"] = round(time.perf_counter() - t0, 1)
-    ema.save(out / "refiner", meta={"steps": steps_run, "seed": cfg.seed, "ema_decay": cfg.ema_decay})
+        torch.manual_seed(cfg.seed)
+        rng = random.Random(cfg.seed)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        refiner = Refiner(rc)
+        ema = copy.deepcopy(refiner).requires_grad_(False)
+        opt = make_adamw(param_groups(refiner, cfg.optim.weight_decay, min_ndim=2), cfg.optim)
+        summary: dict[str, Any] = {
+            "n_params": sum(p.numel() for p in refiner.parameters()),
+            "mnist": train_digits is not None,
+            "tokenizer": tok is not None,
+            "default_steps": rc.sample_steps,
+        }
+        t0 = time.perf_counter()
+        state = {"refiner": refiner, "ema": ema, "opt": opt, "rng": rng, "generator": generator}
+        steps_run, extras = run.restore("refiner", state)
+        window = extras.get("window", [])
+        for step in range(steps_run, cfg.steps):
+            elapsed = time.perf_counter() - t0
+            if time_budget_s is not None and elapsed > time_budget_s:
+                summary["stopped_early_at_step"] = step
+                break
+            progress = max(step / cfg.steps, elapsed / time_budget_s if time_budget_s else 0.0)
+            lr = lr_at(step, cfg.steps, cfg.optim.lr, cfg.schedule, progress)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            low, high = source.sample(cfg.batch_size, rng)
+            low = degrade(low, rng, cfg, tok)
+            loss = refiner.loss(to_pixels(low), to_pixels(high), generator=generator)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                refiner.parameters(), cfg.optim.grad_clip or float("inf")
+            )
+            opt.step()
+            update_ema(ema, refiner, min(cfg.ema_decay, (1 + step) / (10 + step)))
+            window.append(loss.item())
+            steps_run = step + 1
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                record = {
+                    "step": step,
+                    "lr": lr,
+                    "loss": float(np.mean(window)),
+                    "grad_norm": float(grad_norm),
+                }
+                record["elapsed_s"] = round(time.perf_counter() - t0, 2)
+                append_jsonl(out / "metrics.jsonl", record)
+                window = []
+            if steps_run < cfg.steps:
+                run.step_done("refiner", steps_run, state, {"window": window})
+        summary["steps"] = steps_run
+        summary["train_s"] = round(time.perf_counter() - t0, 1)
+        ema.save(out / "refiner", meta={"steps": steps_run, "seed": cfg.seed, "ema_decay": cfg.ema_decay})
 
-    t1 = time.perf_counter()
-    summary["eval"] = evaluate_refiner(ema, sets, cfg, seed=cfg.seed)
-    summary["eval_s"] = round(time.perf_counter() - t1, 1)
-    headline = summary["eval"]["shapes"][f"steps_{rc.sample_steps}"]
-    summary["psnr_gain"], summary["ssim_gain"] = headline["psnr_gain"], headline["ssim_gain"]
-    write_json(out / "summary.json", summary)
+        t1 = time.perf_counter()
+        summary["eval"] = evaluate_refiner(ema, sets, cfg, seed=cfg.seed)
+        summary["eval_s"] = round(time.perf_counter() - t1, 1)
+        headline = summary["eval"]["shapes"][f"steps_{rc.sample_steps}"]
+        summary["psnr_gain"], summary["ssim_gain"] = headline["psnr_gain"], headline["ssim_gain"]
+        write_json(out / "summary.json", summary)
+        run.finish()
     return summary

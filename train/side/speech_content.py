@@ -51,6 +51,7 @@ from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
 from ernie5.tokenizers.speech_content import SpeechContentConfig, SpeechContentEncoder, encode_text
 from train.common.optim import OptimConfig, make_adamw, param_groups
 from train.common.schedule import ScheduleConfig, lr_at
+from train.side.resume import ResumeConfig, side_run
 
 SOURCES = ("fsdd", "fsdd_seq", "espeak", "ljspeech")
 
@@ -82,6 +83,8 @@ class SpeechContentTrainConfig:
     """Probability that an utterance is passed through ``augment_speech``."""
     log_every: int = 50
     seed: int = 0
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
+    """Resume states and preemption (:mod:`train.side.resume`)."""
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, f"steps={self.steps} must be >= 1")
@@ -177,63 +180,68 @@ def train_speech_content(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "meta.json", provenance(seed=cfg.seed))
-    write_atomic(out / "config.yaml", dump(cfg))
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    aug_rng = np.random.default_rng(cfg.seed)
-    root = resolve_data_dir(data_dir)
-    pools = open_pools(cfg, root)
-    if not pools:
-        raise DataMissing("fsdd/recordings/ or eSpeak NG (espeakng-loader)", root, "see README: Data")
-    raw = {k: getattr(cfg, f"{k}_weight") for k in pools}
-    names, weights = list(raw), [raw[k] / sum(raw.values()) for k in raw]
-    model = SpeechContentEncoder(cfg.encoder)
-    opt = make_adamw(param_groups(model, cfg.optim.weight_decay, min_ndim=2), cfg.optim)
-    t0 = time.perf_counter()
-    steps_run = 0
-    for step in range(1, cfg.steps + 1):
-        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-            break
-        steps_run = step
-        model.train()
-        lr = lr_at(step - 1, cfg.steps, cfg.optim.lr, cfg.schedule)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        waves, texts = [], []
-        for src in rng.choices(names, weights=weights, k=cfg.batch_size):
-            wave, text = pools[src][rng.randrange(len(pools[src]))]
-            waves.append(augment_speech(wave, aug_rng) if rng.random() < cfg.augment_p else wave)
-            texts.append(text)
-        wave_BS, n_B = pad_batch(waves)
-        loss = ctc_loss(model, wave_BS, n_B, texts)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        opt.step()
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            append_jsonl(
-                out / "metrics.jsonl",
-                {
-                    "step": step,
-                    "loss": round(loss.item(), 4),
-                    "grad_norm": round(float(grad_norm), 3),
-                    "lr": lr,
-                },
-            )
-    train_s = time.perf_counter() - t0
-    model.eval()
-    heldout = {name: heldout_wer(model, items) for name, items in heldout_sets(root).items()}
-    model.save(out / "encoder", meta={"trained_steps": steps_run, "heldout": heldout})
-    summary = {
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "sources": {k: round(w, 4) for k, w in zip(names, weights)},
-        "steps": steps_run,
-        "stopped_early": steps_run < cfg.steps,
-        "train_s": round(train_s, 1),
-        "steps_per_s": round(steps_run / max(train_s, 1e-9), 3),
-        "heldout": heldout,
-    }
-    write_json(out / "summary.json", summary)
+    with side_run(out, dump(cfg), cfg.resume) as run:
+        write_json(out / "meta.json", provenance(seed=cfg.seed))
+        write_atomic(out / "config.yaml", dump(cfg))
+        torch.manual_seed(cfg.seed)
+        rng = random.Random(cfg.seed)
+        aug_rng = np.random.default_rng(cfg.seed)
+        root = resolve_data_dir(data_dir)
+        pools = open_pools(cfg, root)
+        if not pools:
+            raise DataMissing("fsdd/recordings/ or eSpeak NG (espeakng-loader)", root, "see README: Data")
+        raw = {k: getattr(cfg, f"{k}_weight") for k in pools}
+        names, weights = list(raw), [raw[k] / sum(raw.values()) for k in raw]
+        model = SpeechContentEncoder(cfg.encoder)
+        opt = make_adamw(param_groups(model, cfg.optim.weight_decay, min_ndim=2), cfg.optim)
+        state = {"model": model, "opt": opt, "rng": rng, "aug_rng": aug_rng}
+        done, _ = run.restore("ctc", state)
+        t0 = time.perf_counter()
+        steps_run = done
+        for step in range(done + 1, cfg.steps + 1):
+            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                break
+            steps_run = step
+            model.train()
+            lr = lr_at(step - 1, cfg.steps, cfg.optim.lr, cfg.schedule)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            waves, texts = [], []
+            for src in rng.choices(names, weights=weights, k=cfg.batch_size):
+                wave, text = pools[src][rng.randrange(len(pools[src]))]
+                waves.append(augment_speech(wave, aug_rng) if rng.random() < cfg.augment_p else wave)
+                texts.append(text)
+            wave_BS, n_B = pad_batch(waves)
+            loss = ctc_loss(model, wave_BS, n_B, texts)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            opt.step()
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                append_jsonl(
+                    out / "metrics.jsonl",
+                    {
+                        "step": step,
+                        "loss": round(loss.item(), 4),
+                        "grad_norm": round(float(grad_norm), 3),
+                        "lr": lr,
+                    },
+                )
+            if step < cfg.steps:
+                run.step_done("ctc", step, state)
+        train_s = time.perf_counter() - t0
+        model.eval()
+        heldout = {name: heldout_wer(model, items) for name, items in heldout_sets(root).items()}
+        model.save(out / "encoder", meta={"trained_steps": steps_run, "heldout": heldout})
+        summary = {
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "sources": {k: round(w, 4) for k, w in zip(names, weights)},
+            "steps": steps_run,
+            "stopped_early": steps_run < cfg.steps,
+            "train_s": round(train_s, 1),
+            "steps_per_s": round(steps_run / max(train_s, 1e-9), 3),
+            "heldout": heldout,
+        }
+        write_json(out / "summary.json", summary)
+        run.finish()
     return summary

@@ -64,6 +64,7 @@ from ernie5.tokenizers.vision_losses import (
 )
 from train.common.optim import OptimConfig, make_adamw, param_groups
 from train.common.schedule import ScheduleConfig, lr_at
+from train.side.resume import ResumeConfig, SideRun, side_run
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,6 +124,8 @@ class VisionTokenizerTrainConfig:
     """Steps between metrics.jsonl records."""
     seed: int = 0
     """Seeds the weights, the data and the held-out sets."""
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
+    """Resume states and preemption (:mod:`train.side.resume`; the 2D and 3D stages each resume)."""
 
     def __post_init__(self) -> None:
         check(self.tokenizer.mode == "2d", f"tokenizer.mode={self.tokenizer.mode!r} must be '2d'")
@@ -310,9 +313,19 @@ def train_vision_tokenizer(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with side_run(out, dump(cfg), cfg.resume) as run:
+        return _train(cfg, out, data_dir, run, time_budget_s)
+
+
+def _train(
+    cfg: VisionTokenizerTrainConfig,
+    out: Path,
+    data_dir: str | Path | None,
+    run: SideRun,
+    time_budget_s: float | None,
+) -> dict[str, Any]:
     write_atomic(out / "config.yaml", dump(cfg))
     write_json(out / "meta.json", provenance(seed=cfg.seed))
-    (out / "metrics.jsonl").unlink(missing_ok=True)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     size = cfg.tokenizer.image_size
@@ -336,14 +349,20 @@ def train_vision_tokenizer(
         "untrained": _evaluate(tok, eval_sets, depths[-1:]),
     }
     opt = make_adamw(param_groups(tok, cfg.optim.weight_decay, min_ndim=4), cfg.optim)
+    state: dict[str, Any] = {"tok": tok, "opt": opt, "rng": rng}
     disc = disc_opt = None
     if cfg.adv_weight > 0:
         disc = PatchDiscriminator(cfg.tokenizer.channels)
         disc_opt = torch.optim.AdamW(disc.parameters(), lr=cfg.optim.lr, betas=(0.5, 0.9))
+        state |= {"disc": disc, "disc_opt": disc_opt}
 
     t0 = time.perf_counter()
-    steps_run = 0
-    for step in range(cfg.steps):
+    if run.phase == "3d":  # the 2D stage had finished: its weights are in the 3D state
+        run.restore("3d", {"tok2d": tok})
+        steps_run = start = run.saved["extras"]["steps_2d"]
+    else:
+        steps_run = start = run.restore("2d", state)[0]
+    for step in range(start, cfg.steps):
         if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             summary["stopped_early_at_step"] = step
             break
@@ -374,6 +393,8 @@ def train_vision_tokenizer(
             record["grad_norm"] = float(grad_norm)
             record["elapsed_s"] = round(time.perf_counter() - t0, 2)
             append_jsonl(out / "metrics.jsonl", record)
+        if steps_run < cfg.steps or cfg.video_steps > 0:
+            run.step_done("2d", steps_run, state)
     summary["steps_2d"] = steps_run
     summary["train_2d_s"] = round(time.perf_counter() - t0, 1)
     summary["radii"] = [round(r, 4) for r in tok.quantizer.log_radius.detach().exp().tolist()]
@@ -382,9 +403,10 @@ def train_vision_tokenizer(
     tok.save(out / "tokenizer_2d", meta={"stage": "2d", "steps": steps_run, "seed": cfg.seed})
 
     if cfg.video_steps > 0:
-        summary.update(_train_video(tok, cfg, out, data, test_digits, eval_sets, rng))
+        summary.update(_train_video(tok, cfg, out, data, test_digits, eval_sets, rng, run, steps_run))
     summary["total_s"] = round(time.perf_counter() - t0, 1)
     write_json(out / "summary.json", summary)
+    run.finish()
     return summary
 
 
@@ -396,6 +418,8 @@ def _train_video(
     test_digits: np.ndarray | None,
     eval_sets: dict[str, np.ndarray],
     rng: random.Random,
+    run: SideRun,
+    steps_2d: int,
 ) -> dict[str, Any]:
     """Inflate, fine-tune on clips (plus single images) at full depth, save ``tokenizer_3d``; returns the
     summary entries."""
@@ -408,8 +432,10 @@ def _train_video(
     opt = make_adamw(
         param_groups(tok3d, cfg.optim.weight_decay, min_ndim=4), replace(cfg.optim, lr=cfg.video_lr)
     )
+    state = {"tok2d": tok2d, "tok3d": tok3d, "opt": opt, "rng": rng}
+    start = run.restore("3d", state)[0]
     t0 = time.perf_counter()
-    for step in range(cfg.video_steps):
+    for step in range(start, cfg.video_steps):
         x = clips_to_pixels(sample_clips(cfg.video_batch_size, rng, cfg.video_frames, size, data.digits))
         loss, terms, _, _ = _losses(tok3d, x, n_bits, cfg)
         if cfg.video_image_batch_size:
@@ -426,6 +452,8 @@ def _train_video(
             record = {"stage": "3d", "step": step, "lr": cfg.video_lr, "n_bits": n_bits, "loss": loss.item()}
             record.update(terms, grad_norm=float(grad_norm), elapsed_s=round(time.perf_counter() - t0, 2))
             append_jsonl(out / "metrics.jsonl", record)
+        if step + 1 < cfg.video_steps:
+            run.step_done("3d", step + 1, state, {"steps_2d": steps_2d})
     result["train_3d_s"] = round(time.perf_counter() - t0, 1)
     result["clips_3d"] = _evaluate(tok3d, {"clips": eval_clips}, [n_bits])
     result["tokenizer_3d_images"] = _evaluate(tok3d, eval_sets, [n_bits])
