@@ -4,7 +4,9 @@ Flow: load the suite and the checkpoint once; resolve the sub-models against it
 (:func:`ernie5.subnets.spec.resolve_specs`); for each unit, skip it if
 ``units/<subnet>/<task>.json`` holds the same fingerprint, else run the task's requests through the
 cached model, score, aggregate and write the unit atomically; then measure each sub-model's
-efficiency and rebuild the tables (``evals.results`` documents the folder).
+efficiency and rebuild the tables (``evals.results`` documents the folder). ``events.jsonl`` gets a
+``unit_done`` line per computed unit with the process's resident memory after it (``rss_mb``), so a
+long sweep's footprint can be read back (it stays flat over hundreds of units: tested).
 
 The fingerprint of a unit is a hash of the checkpoint hash, the concrete sub-model (kept layers,
 kept experts, top-k), the task name, version and options, the hash of its data files, the limit,
@@ -66,6 +68,7 @@ from ernie5.data.root import resolve_data_dir
 from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
 from ernie5.runtime.distributed import init_dist
+from ernie5.runtime.memory import resident_mb
 from ernie5.runtime.preempt import Preempted, preemptible
 from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint
 from ernie5.store.runs import RunLock, append_jsonl, provenance, write_json
@@ -508,6 +511,7 @@ def _compute(model: CachedModel, plan: UnitPlan, data_dir, run_dir: Path, summar
             "task": plan.task.name,
             "fingerprint": plan.fingerprint,
             "status": status,
+            "rss_mb": round(resident_mb(), 1),
         },
     )
     summary.computed += status == "ok"
