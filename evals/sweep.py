@@ -60,6 +60,7 @@ import hashlib
 import json
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,7 @@ from ernie5.runtime.memory import resident_mb
 from ernie5.runtime.preempt import Preempted, preemptible
 from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint
 from ernie5.store.runs import RunLock, append_jsonl, provenance, write_json
+from ernie5.store.trackers import Trackers, parse_log_with
 from ernie5.subnets.spec import SubnetError, resolve_specs
 from evals.adapter import ADAPTER_VERSION, Ernie5EvalModel
 from evals.cache import CachedModel, ResponseCache
@@ -288,10 +290,13 @@ def run_sweep(
     quiet: bool = False,
     argv: list[str] | None = None,
     confirm_run_unsafe_code: bool = False,
+    log_with: Sequence[str] = (),
 ) -> SweepSummary:
     """Evaluate every unit of ``suite`` on ``checkpoint`` into ``out`` (resuming what matches).
 
-    ``confirm_run_unsafe_code`` allows lm-eval tasks whose folder holds code they run.
+    ``confirm_run_unsafe_code`` allows lm-eval tasks whose folder holds code they run. ``log_with``
+    names experiment trackers (:mod:`ernie5.store.trackers`) that get every unit's scores and wall time
+    once the tables are written (:func:`log_units`).
 
     Raises:
         ConfigError: a bad suite, sub-model or ``limit`` (nothing written).
@@ -299,6 +304,7 @@ def run_sweep(
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"limit={limit}: expected an integer >= 1")
+    log_with = parse_log_with(log_with)
     t_start = time.perf_counter()
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     loaded = load_suite(suite)
@@ -379,10 +385,31 @@ def run_sweep(
                 "wall_s": time.perf_counter() - t_start,
             }
             write_json(run_dir / "manifest.json", manifest)
+            if log_with:
+                hparams = {k: manifest[k] for k in ("suite", "suite_hash", "checkpoint", "checkpoint_hash")}
+                log_units(log_with, run_dir, units, summary, {**hparams, "world_size": dist.world})
     finally:
         if lock is not None:
             lock.release()
     return summary
+
+
+def log_units(
+    log_with: Sequence[str], run_dir: Path, units: list[UnitPlan], summary: SweepSummary, hparams: dict
+) -> None:
+    """Every finished unit of the sweep (computed by any process, or reused) to the trackers: its scores
+    as ``TASK/METRIC/SUBNET`` at step 0 (one sweep, one point per cell), its wall and model time as
+    ``unit/wall_s`` and ``unit/model_s`` at the unit's index; then the sweep's counts as ``sweep/*``."""
+    with Trackers(log_with, run_dir, run_dir.name, hparams) as trackers:
+        for i, plan in enumerate(units):
+            rec = read_unit(unit_path(run_dir, plan.name, plan.task.name))
+            if rec is None or rec.get("status") != "ok":
+                continue
+            scores = {f"{plan.task.name}/{m}/{plan.name}": v["value"] for m, v in rec["metrics"].items()}
+            trackers.log(scores, step=0)
+            trackers.log({"wall_s": rec["wall_s"], "model_s": rec["model_s"]}, step=i, prefix="unit/")
+        counts = ("n_units", "computed", "reused", "skipped", "errors", "wall_s", "model_s")
+        trackers.log({k: getattr(summary, k) for k in counts}, step=0, prefix="sweep/")
 
 
 def _lock(run_dir: Path, dist) -> RunLock | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ernie5.data.root import resolve_data_dir
@@ -31,11 +32,13 @@ def run_nightly(
     baseline: str | Path | None = None,
     quiet: bool = False,
     confirm_run_unsafe_code: bool = False,
+    log_with: Sequence[str] = (),
 ) -> dict:
     """Run the main job; returns its summary (also written to ``RUN_DIR/nightly.json``).
 
     ``failed_units`` lists the sweep's units recorded as errors (``subnet/task: reason``); the report
-    is written either way. ``confirm_run_unsafe_code`` is passed to :func:`evals.sweep.run_sweep`.
+    is written either way. ``confirm_run_unsafe_code`` and ``log_with`` (experiment trackers) are
+    passed to :func:`evals.sweep.run_sweep`.
     """
     from evals.sweep import run_sweep
 
@@ -52,6 +55,7 @@ def run_nightly(
         quiet=quiet,
         argv=sys.argv,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
+        log_with=log_with,
     )
     result = {
         "run_dir": str(out),

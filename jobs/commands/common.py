@@ -97,6 +97,17 @@ def with_device(args, key: str) -> list[str]:
     return [*(args.set or []), *([f"{key}={args.device}"] if args.device else [])]
 
 
+def log_with_argument(parser: argparse.ArgumentParser) -> None:
+    """``--log-with``: experiment trackers that mirror the run's records (ernie5.store.trackers)."""
+    parser.add_argument(
+        "--log-with",
+        action="append",
+        metavar="NAMES",
+        help="also log to tensorboard, wandb or mlflow (comma-separated or repeated; written in the run "
+        "folder, offline: no network call unless WANDB_MODE / MLFLOW_TRACKING_URI ask for one)",
+    )
+
+
 def device_argument(parser: argparse.ArgumentParser, key: str) -> None:
     parser.add_argument(
         "--device",

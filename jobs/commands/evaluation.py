@@ -10,7 +10,14 @@ import json
 import sys
 from pathlib import Path
 
-from jobs.commands.common import EXIT_EVAL_FAILED, EXIT_OK, CLIError, check_out, print_json
+from jobs.commands.common import (
+    EXIT_EVAL_FAILED,
+    EXIT_OK,
+    CLIError,
+    check_out,
+    log_with_argument,
+    print_json,
+)
 
 
 def cmd_tasks(args) -> int:
@@ -129,6 +136,7 @@ def cmd_sweep(args) -> int:
         quiet=args.quiet,
         argv=sys.argv,
         confirm_run_unsafe_code=args.confirm_run_unsafe_code,
+        log_with=args.log_with or (),
     )
     print(json.dumps(_sweep_summary(summary)))
     _skipped_tasks("sweep", getattr(summary, "unavailable", {}), getattr(args, "strict", False))
@@ -158,6 +166,7 @@ def add_sweep_parser(sub) -> None:
         action="store_true",
         help="allow the suite's lm-eval tasks to run Python from their task folder (`!function`)",
     )
+    log_with_argument(sw)
     sw.set_defaults(fn=cmd_sweep)
 
 
@@ -194,6 +203,7 @@ def cmd_nightly(args) -> int:
         baseline=getattr(args, "baseline", None),
         quiet=args.quiet,
         confirm_run_unsafe_code=args.confirm_run_unsafe_code,
+        log_with=args.log_with or (),
     )
     _skipped_tasks("nightly", result.get("skipped_tasks", {}), getattr(args, "strict", False))
     return _failed_units("nightly", result["failed_units"], result["units"], result["run_dir"])
@@ -218,6 +228,7 @@ def add_nightly_parser(sub) -> None:
         action="store_true",
         help="allow the suite's lm-eval tasks to run Python from their task folder (`!function`)",
     )
+    log_with_argument(n)
     n.set_defaults(fn=cmd_nightly)
 
 

@@ -14,6 +14,7 @@ from jobs.commands.common import (
     check_out,
     device_argument,
     load_run_config,
+    log_with_argument,
     print_json,
     with_device,
 )
@@ -25,7 +26,14 @@ def cmd_train(args) -> int:
 
     check_out(args.out)
     cfg = load_run_config(args.config, with_strict(args, with_device(args, "train.device")))
-    last = pretrain(cfg, args.out, resume=args.resume, data_dir=args.data_dir, quiet=args.quiet)
+    last = pretrain(
+        cfg,
+        args.out,
+        resume=args.resume,
+        data_dir=args.data_dir,
+        quiet=args.quiet,
+        log_with=args.log_with or (),
+    )
     if last and int(os.environ.get("RANK", "0")) == 0:  # one summary for a multi-process run
         print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
     skipped_sources("train", args.out)
@@ -45,6 +53,7 @@ def add_train_parser(sub) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--strict", action="store_true", help="a data source without data is an error (exit 2)")
     device_argument(t, "train.device")
+    log_with_argument(t)
     t.set_defaults(fn=cmd_train)
 
 
@@ -68,6 +77,7 @@ def cmd_sft(args) -> int:
         resume=args.resume,
         data_dir=args.data_dir,
         quiet=args.quiet,
+        log_with=args.log_with or (),
     )
     if last:
         print(json.dumps({k: last[k] for k in ("step", "loss", "tokens_per_s", "mfu") if k in last}))
@@ -102,7 +112,8 @@ def cmd_rl(args) -> int:
     check_out(args.out)
     cfg = rl_config(args.checkpoint, args.config, with_device(args, "rl.device"))
     data_dir = resolve_data_dir(args.data_dir or cfg.data_dir or None)
-    last = rl(cfg, args.out, _verifiers(cfg, data_dir), resume=args.resume, quiet=args.quiet)
+    verifiers = _verifiers(cfg, data_dir)
+    last = rl(cfg, args.out, verifiers, resume=args.resume, quiet=args.quiet, log_with=args.log_with or ())
     if last:
         keys = ("step", "reward", "entropy", "response_len", "idle_s")
         print(json.dumps({k: last[k] for k in keys if k in last}))
@@ -133,6 +144,7 @@ def add_sft_rl_parser(sub) -> None:
                 "--strict", action="store_true", help="a data source without data is an error (exit 2)"
             )
         device_argument(pt, "rl.device" if name == "rl" else "train.device")
+        log_with_argument(pt)
         pt.set_defaults(fn=fn)
 
 

@@ -463,3 +463,11 @@ def test_nothing_is_skipped_silently(tmp_path, capsys):
     assert "ernie5 sweep: skipped " in err and "task(s):" in err
     assert main([*sweep, "--out", str(tmp_path / "s2"), "--strict"]) == 2
     assert "--strict: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["sft", "rl"])
+def test_sft_and_rl_check_their_trackers_before_any_work(command, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([command, "--checkpoint", "reference", "--out", str(out), "--log-with", "neptune"]) == 2
+    assert "--log-with 'neptune': expected one of tensorboard, wandb, mlflow" in capsys.readouterr().err
+    assert not out.exists()

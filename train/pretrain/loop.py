@@ -51,8 +51,9 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -74,6 +75,7 @@ from ernie5.store.checkpoint import (
     save_checkpoint,
 )
 from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.store.trackers import Trackers, parse_log_with
 from ernie5.subnets.params import ParamReport, count_params
 from ernie5.tokenizers.text import TextTokenizer
 from train.common.nonfinite import (
@@ -124,12 +126,21 @@ class Trainer:
     """State of one pretraining run; :meth:`run` does the work."""
 
     def __init__(
-        self, cfg: RunConfig, run_dir: Path, *, resume: bool, data_dir: str | None, quiet: bool = False
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        *,
+        resume: bool,
+        data_dir: str | None,
+        quiet: bool = False,
+        log_with: Sequence[str] = (),
     ):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.dist = init_dist()
         self.quiet = quiet
+        self.log_with = parse_log_with(log_with)
+        self.trackers = Trackers((), self.run_dir, self.run_dir.name)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.data_dir = resolve_data_dir(data_dir or cfg.data.data_dir or None)
@@ -556,8 +567,12 @@ class Trainer:
         with hold_run_folder(self.run_dir):
             self._setup()
             try:
+                self.trackers = Trackers(
+                    self.log_with, self.run_dir, self.run_dir.name, asdict(self.cfg), main=self.dist.main
+                )
                 return self._train()
             finally:
+                self.trackers.close()
                 self.stream.close()  # the data-loader workers, if any
 
     def _train(self) -> dict:
@@ -635,6 +650,7 @@ class Trainer:
                 self._steps_since_record = 0
                 if self.dist.main:
                     append_jsonl(self.run_dir / "metrics.jsonl", last)
+                    self.trackers.log(last, step=done)
             if done % cfg.train.ckpt_every == 0 or done == steps:
                 self._checkpoint(done)
                 self._barrier()
@@ -742,6 +758,9 @@ def pretrain(
     resume: bool = False,
     data_dir: str | None = None,
     quiet: bool = False,
+    log_with: Sequence[str] = (),
 ) -> dict:
-    """Train ``cfg`` into ``run_dir`` (continuing its newest checkpoint with ``resume``)."""
-    return Trainer(cfg, Path(run_dir), resume=resume, data_dir=data_dir, quiet=quiet).run()
+    """Train ``cfg`` into ``run_dir`` (continuing its newest checkpoint with ``resume``); ``log_with``
+    names experiment trackers that mirror ``metrics.jsonl`` (:mod:`ernie5.store.trackers`)."""
+    trainer = Trainer(cfg, Path(run_dir), resume=resume, data_dir=data_dir, quiet=quiet, log_with=log_with)
+    return trainer.run()

@@ -11,6 +11,7 @@ folder, checkpoints, ``metrics.jsonl`` and exact ``--resume`` contract as ``erni
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,9 @@ def sft(
     resume: bool = False,
     data_dir: str | None = None,
     quiet: bool = False,
+    log_with: Sequence[str] = (),
 ) -> dict:
-    """Fine-tune ``checkpoint`` into the run folder ``out``; returns the last logged record."""
+    """Fine-tune ``checkpoint`` into the run folder ``out``; returns the last logged record
+    (``log_with``: experiment trackers, as for :func:`train.pretrain.loop.pretrain`)."""
     cfg = sft_config(checkpoint, config, overrides)
-    return pretrain(cfg, out, resume=resume, data_dir=data_dir, quiet=quiet)
+    return pretrain(cfg, out, resume=resume, data_dir=data_dir, quiet=quiet, log_with=log_with)

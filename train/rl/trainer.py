@@ -80,7 +80,8 @@ import math
 import random
 import time
 from collections import defaultdict
-from dataclasses import fields, replace
+from collections.abc import Sequence
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -100,6 +101,7 @@ from ernie5.store.checkpoint import (
     save_checkpoint,
 )
 from ernie5.store.runs import append_jsonl, provenance, read_jsonl, write_atomic, write_json
+from ernie5.store.trackers import Trackers, parse_log_with
 from train.common.nonfinite import DivergedError, NonFinitePolicy, first_nonfinite, last_good, nonfinite_grad
 from train.common.optim import make_optimizer
 from train.common.run_folder import (
@@ -184,7 +186,9 @@ class RLTrainer:
         *,
         resume: bool = False,
         quiet: bool = False,
+        log_with: Sequence[str] = (),
     ) -> None:
+        log_with = parse_log_with(log_with)
         missing = sorted(set(cfg.tasks) - set(verifiers))
         if missing:
             raise RunError(f"no verifier for rl task(s) {', '.join(missing)}")
@@ -197,6 +201,8 @@ class RLTrainer:
         self.run_dir = Path(run_dir)
         self.verifiers = verifiers
         self.quiet = quiet
+        self.log_with = log_with
+        self.trackers = Trackers((), self.run_dir, self.run_dir.name)
         if cfg.rl.threads:
             torch.set_num_threads(cfg.rl.threads)
         self.resume_dir = self._prepare_run_dir(resume)
@@ -607,6 +613,7 @@ class RLTrainer:
         # Optimizer steps over the minibatches (rows k with k % n_mb == mb).
         stats_acc: dict[str, list[float]] = defaultdict(list)
         grad_norms = []
+        loss_sum, loss_rows = 0.0, 0
         t0 = time.perf_counter()
         for mb in range(n_mb):
             total = len(range(mb, len(rows), n_mb))
@@ -626,6 +633,7 @@ class RLTrainer:
                 if not math.isfinite(value):
                     problem = f"loss ({value}) in minibatch {mb + 1}"
                     break
+                loss_sum, loss_rows = loss_sum + value * len(rows_idx), loss_rows + len(rows_idx)
                 (loss * len(rows_idx) / total).backward()
                 self.precision.accumulate_grads()
                 for name, v in st.items():
@@ -650,6 +658,8 @@ class RLTrainer:
         # Record.
         lens = torch.tensor([len(r.tokens) for r in rows], dtype=torch.float)
         rec: dict[str, Any] = {
+            "loss": loss_sum / loss_rows if loss_rows else None,
+            "response_tokens": int(lens.sum()),
             "reward": float(reward_B.mean()),
             "entropy": float((ent * mask).sum() / mask.sum()),
             "response_len": float(lens.mean()),
@@ -742,7 +752,11 @@ class RLTrainer:
         """Train to ``rl.steps`` (or stop after step ``until``, as an interrupted run would, leaving its
         checkpoint to resume from); returns the last record. The run folder's lock is held throughout."""
         with hold_run_folder(self.run_dir):
-            return self._run(until)
+            self.trackers = Trackers(self.log_with, self.run_dir, self.run_dir.name, asdict(self.cfg))
+            try:
+                return self._run(until)
+            finally:
+                self.trackers.close()
 
     def _run(self, until: int | None) -> dict:
         self._setup()
@@ -752,6 +766,7 @@ class RLTrainer:
             self.pass_init = self._measure_pass(0)
             event = self._pass_event("pass_init", self.pass_init, time.perf_counter() - t0)
             append_jsonl(self.run_dir / "metrics.jsonl", event)
+            self.trackers.log(event, step=self.start_step, prefix="pass_init/")
         bar = None
         if not self.quiet:
             from tqdm import tqdm
@@ -773,6 +788,7 @@ class RLTrainer:
             t0 = time.perf_counter()
             final = self._pass_event("pass_final", self._measure_pass(1), time.perf_counter() - t0)
             append_jsonl(self.run_dir / "metrics.jsonl", final)
+            self.trackers.log(final, step=cfg.rl.steps, prefix="pass_final/")
         return last
 
     def _iterate(self, stop: int, bar, signal_stop: Preemption) -> dict:
@@ -793,9 +809,11 @@ class RLTrainer:
             gen_s = time.perf_counter() - t0
             rec = self._learn(step, groups, rewards)
             rec = {"step": step + 1, "lr": lr, **rec, **dynamic, **_batch_stats(stats, gen_s)}
+            rec["tokens_per_s"] = rec["response_tokens"] / max(gen_s + rec["train_s"], 1e-9)
             last = rec
             if (step + 1) % cfg.rl.log_every == 0 or step + 1 == cfg.rl.steps:
                 append_jsonl(self.run_dir / "metrics.jsonl", rec)
+                self.trackers.log(rec, step=step + 1)
             if (step + 1) % cfg.rl.ckpt_every == 0 or step + 1 in (cfg.rl.steps, stop):
                 self._checkpoint(step + 1)
             if bar is not None:
@@ -848,6 +866,8 @@ def rl(
     *,
     resume: bool = False,
     quiet: bool = False,
+    log_with: Sequence[str] = (),
 ) -> dict:
-    """Run RL from ``cfg.rl.init_from`` into ``run_dir``."""
-    return RLTrainer(cfg, run_dir, verifiers, resume=resume, quiet=quiet).run()
+    """Run RL from ``cfg.rl.init_from`` into ``run_dir`` (``log_with``: experiment trackers that mirror
+    ``metrics.jsonl``, :mod:`ernie5.store.trackers`)."""
+    return RLTrainer(cfg, run_dir, verifiers, resume=resume, quiet=quiet, log_with=log_with).run()

@@ -246,3 +246,37 @@ def test_resume_keeps_the_global_batch(straight_run, tmp_path):
     assert "\n" not in str(info.value)
     pretrain(_cfg("train.parallel.ep=2", "train.parallel.dp_shard=1"), other, resume=True, quiet=True)
     assert _losses(other) == _losses(straight_run)
+
+
+def test_log_with_tensorboard_mirrors_every_record_and_resume_continues_it(tmp_path):
+    """``--log-with tensorboard``: each metrics.jsonl record's numbers at its step, the loss equal;
+    a resumed run appends the later steps to the same folder."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard is not installed (pip install -e '.[trackers]')")
+    from jobs.cli import main
+    from tests.store.test_trackers import tensorboard_scalars
+
+    run = tmp_path / "run"
+    base = ["train", "--config", "micro", "--out", str(run), "--quiet", "--log-with", "tensorboard"]
+    sets = ["train.log_every=1", "train.ckpt_every=2", "data.tokenizer_chars=20000"]
+    args = [*base, *[x for s in sets for x in ("--set", s)]]
+    assert main([*args, "--set", "train.steps=2"]) == 0
+    assert main([*args, "--set", "train.steps=3", "--resume"]) == 0
+    got = tensorboard_scalars(run / "tensorboard" / "run")
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if "event" not in r]  # the resume's own note
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [s for s, _ in got["loss"]] == [1, 2, 3]
+    assert [v for _, v in got["loss"]] == pytest.approx([r["loss"] for r in records], rel=1e-6)
+    assert {"lr", "tokens_per_s", "grad_norm"} <= set(got)
+
+
+def test_log_with_an_unknown_tracker_is_one_line_before_any_work(tmp_path, capsys):
+    from jobs.cli import main
+
+    code = main(["train", "--config", "micro", "--out", str(tmp_path / "run"), "--log-with", "comet"])
+    assert code == 2
+    assert "--log-with 'comet': expected one of tensorboard, wandb, mlflow" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -415,3 +415,23 @@ def test_a_stop_request_checkpoints_the_iteration_and_resume_is_exact(micro_ckpt
     a = load_checkpoint(checkpoint_dirs(tmp_path / "whole")[-1], fast=False).model.state_dict()
     b = load_checkpoint(checkpoint_dirs(tmp_path / "cut")[-1], fast=False).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_log_with_tensorboard_gets_reward_entropy_loss_and_mismatch(micro_ckpt, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard is not installed (pip install -e '.[trackers]')")
+    from tests.store.test_trackers import tensorboard_scalars
+    from train.rl.trainer import rl
+
+    cfg = _cfg(micro_ckpt, rl=RLLoopConfig(steps=2, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=2))
+    rl(cfg, tmp_path / "rl", {"toy": ToyVerifier()}, quiet=True, log_with=["tensorboard"])
+    got = tensorboard_scalars(tmp_path / "rl" / "tensorboard" / "rl")
+    records = _records(tmp_path / "rl")
+    assert [v for _, v in got["reward"]] == pytest.approx([r["reward"] for r in records])
+    assert [s for s, _ in got["reward"]] == [1, 2]
+    wanted = {"entropy", "lr", "loss", "tokens_per_s", "logp_mismatch", "logp_mismatch_by_modality/text"}
+    assert wanted <= set(got), sorted(got)
+    assert all(r["loss"] is not None and r["tokens_per_s"] > 0 for r in records)
+    assert any(tag.startswith("pass_init/") for tag in got)
