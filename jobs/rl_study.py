@@ -9,6 +9,13 @@ checkpoint). The section
 (``OUT/report.md``, ``OUT/report.html``, ``OUT/curves.png``, ``OUT/summary.json``) is
 :func:`reports.rl.write_report`.
 
+Held-out scores: once a run has finished, its last checkpoint's full model is swept over the run's
+harness tasks (``ernie5 sweep``, the harness's own evaluation items, which RL never trains on:
+:mod:`evals.verifiers`) into ``RUN/heldout/``, and so is the starting checkpoint into
+``OUT/start/heldout/``; the report sets each arm's scores (mean and interval over seeds) beside the
+start's and tests them as it tests the claims. ``--heldout-limit`` caps the items per task (default
+:data:`HELDOUT_LIMIT`); tasks the harness does not know (a test's toy verifier) are left out.
+
 Studies:
   * ``objective``: MISC + WPSM (the report's recipe), with and without routing replay, against MISC
     without WPSM, the report's comparison arms GRPO-IcePop (token mismatch mask x token clip, Eq. 1)
@@ -26,10 +33,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ernie5.store.checkpoint import checkpoint_dir, checkpoint_dirs
-from ernie5.store.runs import read_jsonl
-from reports.rl import write_report
+from ernie5.store.runs import read_jsonl, write_atomic
+from reports.rl import HELDOUT_DIR, write_report
 from train.common.run_folder import RunError
 from train.rl.trainer import rl, rl_config
+
+HELDOUT_LIMIT = 200
+"""Items per task of the held-out sweep after RL (the harness's first items, as ``--limit``)."""
 
 STUDIES: dict[str, dict] = {
     "objective": {
@@ -92,19 +102,25 @@ def run_study(
     config: str | None = None,
     seeds: int = 3,
     quiet: bool = False,
+    data_dir: str | Path | None = None,
+    heldout_limit: int = HELDOUT_LIMIT,
 ) -> Path:
     """Run (or continue) every arm of ``study`` over ``seeds`` seeds and write its section; returns
     ``OUT/report.md``. Seeds start at the configured ``rl.seed`` (0 unless overridden).
 
-    ``verifiers_for(cfg)`` builds the verifiers of a run config's tasks (the job layer owns them).
+    ``verifiers_for(cfg)`` builds the verifiers of a run config's tasks (the job layer owns them);
+    ``heldout_limit`` caps the held-out sweep after each run (0 = no held-out sweep).
     """
     if study not in STUDIES:
         raise RunError(f"unknown rl study {study!r} (studies: {', '.join(STUDIES)})")
     if seeds < 1:
         raise RunError(f"--seeds {seeds}: expected at least 1")
+    if heldout_limit < 0:
+        raise RunError(f"--heldout-limit {heldout_limit}: expected >= 0")
     spec = STUDIES[study]
     out = Path(out)
     arms: dict[str, list[Path]] = {}
+    start: Path | None = None
     for arm, arm_overrides in spec["arms"].items():
         settings = [*spec.get("common", []), *overrides, *arm_overrides]
         if (out / arm / "config.yaml").is_file():
@@ -117,4 +133,43 @@ def run_study(
                 resume = (run_dir / "config.yaml").exists()
                 rl(cfg, run_dir, verifiers_for(cfg), resume=resume, quiet=quiet)
             arms.setdefault(arm, []).append(run_dir)
-    return write_report(spec["title"], arms, out, spec.get("intro", ""))
+            tasks = _harness_tasks(cfg.tasks)
+            if heldout_limit and tasks:
+                suite = _heldout_suite(out, tasks)
+                if start is None:
+                    start = out / "start"
+                    heldout_sweep(
+                        cfg.rl.init_from, suite, start / HELDOUT_DIR, data_dir, heldout_limit, quiet
+                    )
+                last = checkpoint_dirs(run_dir)[-1]
+                heldout_sweep(last, suite, run_dir / HELDOUT_DIR, data_dir, heldout_limit, quiet)
+    return write_report(spec["title"], arms, out, spec.get("intro", ""), start=start)
+
+
+def _harness_tasks(tasks) -> list[str]:
+    import evals.tasks  # noqa: F401  (registers the tasks)
+    from evals.task import TASKS
+
+    return sorted(t for t in tasks if t in TASKS)
+
+
+def _heldout_suite(out: Path, tasks: list[str]) -> Path:
+    """The held-out sweep's suite (the full model only), written into the study folder."""
+    path = out / "heldout_suite.yaml"
+    text = (
+        "name: rl_heldout\nbatch_size: 16\ntasks:\n"
+        + "".join(f"  - {{task: {t}}}\n" for t in tasks)
+        + "subnets: {specs: [full]}\nefficiency: {enabled: false}\n"
+    )
+    if not path.is_file() or path.read_text() != text:
+        write_atomic(path, text)
+    return path
+
+
+def heldout_sweep(checkpoint, suite: Path, out: Path, data_dir, limit: int, quiet: bool) -> Path:
+    """Sweep ``checkpoint``'s full model over ``suite`` into ``out`` (a finished sweep is reused unit by
+    unit, as any sweep is)."""
+    from evals.sweep import run_sweep
+
+    run_sweep(checkpoint, suite, out, data_dir=data_dir, limit=limit, quiet=quiet)
+    return out

@@ -14,6 +14,11 @@ clipped, and the full model's no-hint success rate on the
 query pool before and after RL, split into the queries that were hard, sparse (pass rate <= 0.1)
 and easy at the start.
 
+Held-out scores: where ``ernie5 rl-study`` swept a run's last checkpoint over the harness's own items of
+its tasks (``RUN/heldout/results.csv``, :data:`HELDOUT_DIR`), each task's metrics become figures of the
+arm (``heldout TASK METRIC``), shown in their own table beside the starting checkpoint's and tested in
+*Differences* with the claims.
+
 Seeds: an arm may be several runs (one per seed). Each figure is then the mean over seeds with its 95 %
 t-interval (``mean ± half-width``), the curves are the seeds' mean, and a *Differences* section tests
 every other arm against the first (the study's reference arm) on the claims' figures (final reward,
@@ -69,6 +74,20 @@ CLAIMS = (
 )
 """The figures the Differences section tests (the paper's claims: reward, entropy, hard-query pass)."""
 ALPHA = 0.05
+HELDOUT_DIR = "heldout"
+"""The sweep of a run's last checkpoint over the harness's items of its tasks (inside the run folder)."""
+HELDOUT_PREFIX = "heldout "
+
+
+def read_heldout(run: Path) -> dict[str, float]:
+    """``{"heldout TASK METRIC": value}`` of the full model in ``run/heldout/results.csv`` (empty when
+    that sweep was not run)."""
+    path = Path(run) / HELDOUT_DIR / "results.csv"
+    if not path.is_file():
+        return {}
+    frame = pd.read_csv(path)
+    frame = frame[frame["subnet"] == "full"]
+    return {f"{HELDOUT_PREFIX}{r.task} {r.metric}": float(r.value) for r in frame.itertuples()}
 
 
 def read_metrics(run: Path) -> tuple[list[dict], dict[str, dict]]:
@@ -136,7 +155,7 @@ def _summary_row(run: Path, steps: list[dict], events: dict[str, dict]) -> dict:
         if init and final and init.get(f"{part}_mean") is not None and final.get(f"{part}_mean") is not None:
             row[f"pass_{part}"] = (init[f"{part}_mean"], final[f"{part}_mean"], init[f"n_{part}"])
             row[f"pass_{part}_final"] = final[f"{part}_mean"]
-    return row
+    return row | read_heldout(run)
 
 
 def interval(values: Sequence[float]) -> tuple[float, float]:
@@ -184,9 +203,12 @@ def differences(rows_by_arm: dict[str, list[dict]]) -> pd.DataFrame:
     """Every other arm against the first on :data:`CLAIMS`: difference of means over seeds, Welch's
     t-test, Holm-adjusted p over the table, and the verdict."""
     names = list(rows_by_arm)
+    heldout = sorted(
+        {k for rows in rows_by_arm.values() for r in rows for k in r if k.startswith(HELDOUT_PREFIX)}
+    )
     out = []
     for arm in names[1:]:
-        for key, label in CLAIMS:
+        for key, label in (*CLAIMS, *((k, k) for k in heldout)):
             base = [r[key] for r in rows_by_arm[names[0]] if r.get(key) is not None]
             new = [r[key] for r in rows_by_arm[arm] if r.get(key) is not None]
             if not base or not new:
@@ -240,10 +262,32 @@ def curves_figure(steps_by_arm: dict[str, list[list[dict]]]) -> Figure:
     return Figure(plots.rl_curves(series), alt="reward and entropy", file="curves.png")
 
 
+def heldout_table(rows: dict[str, dict], start: dict[str, float] | None) -> Table | None:
+    """The held-out scores: the starting checkpoint, then every arm (mean ± interval over seeds)."""
+    keys = sorted({k for row in rows.values() for k in row if k.startswith(HELDOUT_PREFIX)})
+    if not keys:
+        return None
+    records = []
+    if start:
+        records.append({"model": "start (before RL)", "seeds": 1, **{k: start.get(k) for k in keys}})
+    records += [
+        {"model": name, "seeds": row.get("seeds", 1), **{k: row.get(k) for k in keys}}
+        for name, row in rows.items()
+    ]
+    headers = {k: k[len(HELDOUT_PREFIX) :] for k in keys}
+    return Table(pd.DataFrame(records), formats={k: partial(_fmt, k) for k in keys}, headers=headers)
+
+
 def rl_document(
-    title: str, rows: dict[str, dict], curves: Figure, intro: str = "", diffs: pd.DataFrame | None = None
+    title: str,
+    rows: dict[str, dict],
+    curves: Figure,
+    intro: str = "",
+    diffs: pd.DataFrame | None = None,
+    start: dict[str, float] | None = None,
 ) -> Document:
-    """The study as a document: one row per arm (seeds aggregated), the differences, then the curves."""
+    """The study as a document: one row per arm (seeds aggregated), the held-out scores, the
+    differences, then the curves."""
     frame = pd.DataFrame(
         [
             {
@@ -257,6 +301,9 @@ def rl_document(
     )
     formats = {k: partial(_fmt, k) for k, _ in COLUMNS}
     sections = [Section("arms", "Arms", (Table(frame, formats=formats, headers=dict(COLUMNS)),))]
+    heldout = heldout_table(rows, start)
+    if heldout is not None:
+        sections.append(Section("heldout", "Held-out harness scores after RL", (heldout,)))
     if diffs is not None and len(diffs):
         sections.append(
             Section(
@@ -279,9 +326,16 @@ def rl_document(
     return Document(title=title, subtitle=intro, sections=tuple(sections))
 
 
-def write_report(title: str, arms: dict[str, Path | Sequence[Path]], out_dir: Path, intro: str = "") -> Path:
+def write_report(
+    title: str,
+    arms: dict[str, Path | Sequence[Path]],
+    out_dir: Path,
+    intro: str = "",
+    start: Path | None = None,
+) -> Path:
     """``out_dir/report.md``, ``report.html``, ``curves.png`` and ``summary.json`` of the study; the
-    Markdown's path. Each arm is one run folder or a list of them (one per seed)."""
+    Markdown's path. Each arm is one run folder or a list of them (one per seed); ``start`` is the
+    folder holding the starting checkpoint's held-out sweep (``start/heldout/``), if one was run."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = {
@@ -295,12 +349,15 @@ def write_report(title: str, arms: dict[str, Path | Sequence[Path]], out_dir: Pa
     rows = {name: aggregate(seed_rows) for name, seed_rows in per_seed.items()}
     diffs = differences(per_seed)
     curves = curves_figure({name: [m[0] for m in ms] for name, ms in metrics.items()})
-    doc = rl_document(title, rows, curves, intro, diffs)
+    start_scores = read_heldout(start) if start is not None else None
+    doc = rl_document(title, rows, curves, intro, diffs, start_scores)
     write_figures(doc, out_dir)
     write_atomic(out_dir / "report.html", to_html(doc))
     summary = {name: {"seeds": per_seed[name], "mean": rows[name]} for name in rows} | {
         "differences": diffs.to_dict(orient="records")
     }
+    if start_scores is not None:
+        summary["start_heldout"] = start_scores
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     path = out_dir / "report.md"
     write_atomic(path, to_markdown(doc))

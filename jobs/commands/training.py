@@ -164,6 +164,8 @@ def cmd_rl_study(args) -> int:
         config=args.config,
         seeds=args.seeds,
         quiet=args.quiet,
+        data_dir=data_dir,
+        heldout_limit=args.heldout_limit,
     )
     print(json.dumps({"report": str(path)}))
     return 0
@@ -180,6 +182,12 @@ def add_rl_study_parser(sub) -> None:
     rs.add_argument("--data-dir", help="data root (default: $ERNIE5_DATA_DIR)")
     rs.add_argument(
         "--seeds", type=int, default=3, help="runs per arm, rl.seed and up (default 3; each figure gets a CI)"
+    )
+    rs.add_argument(
+        "--heldout-limit",
+        type=int,
+        default=200,
+        help="items per task of the harness sweep of each run's last checkpoint (default 200; 0: none)",
     )
     rs.add_argument("--quiet", action="store_true", help="no progress bar")
     rs.set_defaults(fn=cmd_rl_study)

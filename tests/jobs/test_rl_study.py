@@ -72,3 +72,46 @@ def test_studies_name_their_arms_and_unknown_studies_are_refused(micro_ckpt, tmp
     assert set(STUDIES["scheduler"]["arms"]) == {"urb", "april", "sync"}
     with pytest.raises(RunError, match="unknown rl study 'kl'"):
         run_study("kl", str(micro_ckpt), tmp_path, lambda cfg: {})
+
+
+def test_each_run_and_the_start_are_scored_on_the_harness_items_after_rl(micro_ckpt, tmp_path):
+    """A harness task's verifier: every finished run's last checkpoint and the starting checkpoint are
+    swept over the task's own evaluation items, and the report sets them side by side and tests them."""
+    import pandas as pd
+
+    from evals.verifiers import TaskVerifier
+
+    overrides = [
+        "tasks={reverse_l8: 1.0}", "rl.steps=2", "rl.dtype=fp32", "rollout.queries_per_step=2",
+        "rollout.group_size=2", "rollout.pool_size=4",
+    ]  # fmt: skip
+
+    def verifiers(cfg):
+        return {name: TaskVerifier(name, None) for name in cfg.tasks}
+
+    report = run_study(
+        "ahrl",
+        str(micro_ckpt),
+        tmp_path,
+        verifiers,
+        overrides=overrides,
+        seeds=2,
+        quiet=True,
+        heldout_limit=6,
+    )
+    for run in ("start", "ahrl/seed_0", "ahrl/seed_1", "no-hints/seed_0", "no-hints/seed_1"):
+        results = pd.read_csv(tmp_path / run / "heldout" / "results.csv")
+        assert set(results["task"]) == {"reverse_l8"} and set(results["subnet"]) == {"full"}
+        assert (results["n"] == 6).all()
+    manifest = json.loads((tmp_path / "ahrl" / "seed_1" / "heldout" / "manifest.json").read_text())
+    assert manifest["checkpoint"] == str(checkpoint_dirs(tmp_path / "ahrl" / "seed_1")[-1])
+    text = report.read_text()
+    assert "## Held-out harness scores after RL" in text and "| start (before RL) | 1 |" in text
+    assert "heldout reverse_l8 exact_match" in text  # tested in Differences
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "heldout reverse_l8 exact_match" in summary["start_heldout"]
+
+
+def test_a_negative_heldout_limit_is_refused(micro_ckpt, tmp_path):
+    with pytest.raises(RunError, match="--heldout-limit -1"):
+        run_study("ahrl", str(micro_ckpt), tmp_path, lambda cfg: {}, heldout_limit=-1)
