@@ -62,8 +62,12 @@ STUDIES: dict[str, dict] = {
     },
     "ahrl": {
         "title": "AHRL: adaptive hints on hard queries",
-        "intro": "Hard = the starting model's no-hint success rate on the query below the cutoff.",
-        "common": ["rollout.pool_size=192"],
+        "intro": (
+            "Hard = the starting model's no-hint success rate on the query below the cutoff; sparse = "
+            "at most 0.1. Two-digit arithmetic (the reference solves about one in six) supplies the "
+            "sparse queries and its column-work skeletons; shapes attribute questions the rest."
+        ),
+        "common": ["rollout.pool_size=192", "tasks={arith_d2: 1.0, shapes_vqa_attr: 1.0}"],
         "arms": {"ahrl": ["objective.ahrl=true"], "no-hints": ["objective.ahrl=false"]},
     },
     "scheduler": {
