@@ -198,6 +198,27 @@ def elastic(
             h.remove()
 
 
+@contextlib.contextmanager
+def compact_cache_indices(model: torch.nn.Module, subnet: Subnet) -> Iterator[int]:
+    """Inside the block the kept decoder layers' ``layer_idx`` (their attention's key into the KV cache)
+    are renumbered ``0 .. n-1`` in order, so a cache filled by the sub-model holds exactly its kept
+    layers, the first of them at index 0 where Hugging Face reads the cached length (a depth cut that
+    drops layer 0 would otherwise leave that slot empty); yields ``n``. Restored on exit."""
+    layers = decoder_layers(model)
+    kept = [i for i in range(len(layers)) if i in set(subnet.layers)]
+    saved: list[tuple[torch.nn.Module, int]] = []
+    try:
+        for new, i in enumerate(kept):
+            for mod in layers[i].modules():
+                if isinstance(getattr(mod, "layer_idx", None), int):
+                    saved.append((mod, mod.layer_idx))
+                    mod.layer_idx = new
+        yield len(kept)
+    finally:
+        for mod, idx in saved:
+            mod.layer_idx = idx
+
+
 def param_counts(model: torch.nn.Module, subnet: Subnet, shape: HFShape) -> tuple[int, int]:
     """``(total, active)`` parameters of ``subnet``: the embeddings, final norm and head, plus each kept
     layer's non-expert parameters, plus its kept experts (total) or ``top_k`` experts (active)."""

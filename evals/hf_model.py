@@ -31,9 +31,9 @@ References:
   * ShortGPT block influence (arXiv 2403.03853); ERNIE 5.0 Technical Report §3.3.
 
 Deviations:
-  1. Greedy generation recomputes the whole prefix at every step, one request at a time (no KV
-     cache: a depth cut leaves cache layers empty, which HF caches do not expect); it is correct for
-     every sub-model but quadratic in the output length.
+  1. Greedy generation runs one request at a time: a prefill, then one forward per token over a
+     ``DynamicCache`` holding the sub-model's kept layers only (their cache indices renumbered in
+     order while it runs, :func:`evals.hf_elastic.compact_cache_indices`); it is not batched.
   2. Efficiency rows carry the analytic parameter counts of each cut (:func:`evals.hf_elastic.
      param_counts`, ``flops_per_token`` = 2 x active) and no timings: those are NaN with status
      ``failed`` and the reason, so reports show "measurement failed" rather than a figure measured
@@ -47,6 +47,7 @@ import dataclasses
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,15 @@ from evals.api import (
     RollingRequest,
     RollingResult,
 )
-from evals.hf_elastic import HFShape, RoutingCounter, decoder_layers, elastic, param_counts, shape_of
+from evals.hf_elastic import (
+    HFShape,
+    RoutingCounter,
+    compact_cache_indices,
+    decoder_layers,
+    elastic,
+    param_counts,
+    shape_of,
+)
 from evals.shared_context import rolling_windows
 
 HF_PREFIX = "hf:"
@@ -342,7 +351,7 @@ class HFEvalModel:
         return self._answers(results, [Cost(*s) for s in spent], model_s, counter)
 
     def generate(self, requests: list[GenerationRequest]) -> Answers[GenerationResult]:
-        """Greedy continuations cut at the first stop string (one request at a time, no KV cache)."""
+        """Greedy continuations cut at the first stop string (one request at a time, KV-cached)."""
         counter = self._counter()
         out, costs, model_s = [], [], 0.0
         for r in requests:
@@ -362,15 +371,39 @@ class HFEvalModel:
             costs.append(Cost(dt, len(prompt), len(new)))
         return self._answers(out, costs, model_s, counter)
 
-    def _greedy(self, prompt: list[int], max_new: int, stops: tuple[str, ...], counter) -> list[int]:
-        toks, new = list(prompt), []
+    def _greedy(
+        self,
+        prompt: list[int],
+        max_new: int,
+        stops: tuple[str, ...],
+        counter,
+        on_forward: Callable[[], None] | None = None,
+    ) -> list[int]:
+        """Greedy tokens after ``prompt``: one prefill, then one cached forward per token (the sub-model's
+        kept layers only in the cache: :func:`evals.hf_elastic.compact_cache_indices`). ``on_forward``
+        is called after each forward (timing)."""
+        from transformers import DynamicCache
+
+        new: list[int] = []
         eos = self.tokenizer.eos_token_id
-        for _ in range(max_new):
-            nxt = int(self._logprobs([toks], counter)[0, -1].argmax())
-            new.append(nxt)
-            toks.append(nxt)
-            if nxt == eos or (stops and any(s in self.tokenizer.decode(new[-32:]) for s in stops)):
-                break
+        if counter is not None:
+            counter.real = None  # every position of a generation is real
+        cache = DynamicCache()
+        ids = torch.tensor([prompt])
+        with (
+            torch.inference_mode(),
+            elastic(self.model, self.subnet, self.shape, counter),
+            compact_cache_indices(self.model, self.subnet),
+        ):
+            for _ in range(max_new):
+                logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+                nxt = int(logits[0, -1].float().argmax())
+                if on_forward is not None:
+                    on_forward()
+                new.append(nxt)
+                if nxt == eos or (stops and any(s in self.tokenizer.decode(new[-32:]) for s in stops)):
+                    break
+                ids = torch.tensor([[nxt]])
         return new
 
 

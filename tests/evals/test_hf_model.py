@@ -148,6 +148,34 @@ def test_rolling_generation_and_media(target):
         m.loglikelihood([LoglikelihoodRequest(("look: ", MediaPart("image", object())), " x")])
 
 
+def _uncached_greedy(target, sub, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding written out: the whole sequence recomputed at every step, no cache."""
+    toks = list(prompt)
+    with torch.no_grad(), elastic(target.model, sub, target.cfg):
+        for _ in range(n):
+            toks.append(
+                int(target.model(input_ids=torch.tensor([toks]), use_cache=False).logits[0, -1].argmax())
+            )
+    return toks[len(prompt) :]
+
+
+def test_cached_generation_equals_recomputing_the_prefix(target):
+    """The KV-cached greedy decoder gives the tokens of a per-step full forward for every sub-model,
+    a depth cut that drops layer 0 included (its cache holds the kept layers only)."""
+    from ernie5.model.elastic import Subnet
+
+    subs = target.resolve_specs(["full", "k1", "d0.5", "d0.75-w0.5-k1"])
+    full = subs[0]
+    no_first = Subnet((1, 3), full.experts, full.top_k, name="drop0")
+    prompt = _ids(9)[0].tolist()
+    for sub in [*subs, no_first]:
+        m = target.adapter(sub, batch_size=2)
+        got = m._greedy(prompt, 8, (), None)
+        assert got == _uncached_greedy(target, sub, prompt, 8), (target.cfg.model_type, sub.name)
+    layer_idx = [getattr(mod, "layer_idx", None) for mod in target.model.modules()]
+    assert [i for i in layer_idx if i is not None] == sorted(i for i in layer_idx if i is not None)
+
+
 def test_importance_and_parameter_counts(target):
     full, imp, cut = target.resolve_specs(["full", "d0.5-Limportance-w0.5-Eimportance", "w0.5-k1"])
     assert len(imp.layers) == 2 and all(e is None or len(e) == 4 for e in imp.experts)
