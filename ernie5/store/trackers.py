@@ -126,11 +126,11 @@ class Trackers:
         self._trackers: list[Any] = []
         if self.names:
             _accelerate_state()
+        values = _config_values(config) if self.names else {}
         for name in self.names:
             tracker = self._make(name, run_name)
             tracker.main_process_only = False  # this object exists on the first process only
             tracker.start()
-            values = _config_values(config)
             if values:
                 tracker.store_init_configuration(values)
             self._trackers.append(tracker)

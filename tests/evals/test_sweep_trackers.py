@@ -3,8 +3,6 @@ run's own tables; a bad tracker name stops ``sweep`` and ``nightly`` before any 
 
 from __future__ import annotations
 
-import importlib.util
-
 import pandas as pd
 import pytest
 
@@ -22,9 +20,9 @@ efficiency: {enabled: false}
 
 
 def test_sweep_scores_and_wall_times_reach_tensorboard(micro_ckpt, tmp_path):
-    if importlib.util.find_spec("tensorboard") is None:
-        pytest.skip("tensorboard is not installed (pip install -e '.[trackers]')")
-    from tests.store.test_trackers import tensorboard_scalars
+    from tests.store.test_trackers import needs, tensorboard_scalars
+
+    needs("tensorboard")
 
     suite = tmp_path / "suite.yaml"
     suite.write_text(SUITE)

@@ -19,7 +19,8 @@ from ernie5.store.trackers import Trackers, parse_log_with, scalars
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _needs(package: str) -> None:
+def needs(package: str) -> None:
+    """Skip the calling test when a tracker's package is not installed."""
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} is not installed (pip install -e '.[trackers]')")
 
@@ -39,7 +40,7 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
 def test_names_are_checked_before_any_work(monkeypatch):
     assert parse_log_with(None) == () and parse_log_with([]) == ()
-    _needs("tensorboard")
+    needs("tensorboard")
     assert parse_log_with(["tensorboard", "tensorboard,"]) == ("tensorboard",)
     with pytest.raises(
         ConfigError, match=r"--log-with 'neptune': expected one of tensorboard, wandb, mlflow"
@@ -73,7 +74,7 @@ def test_no_trackers_do_nothing(tmp_path):
 
 
 def test_tensorboard_gets_every_step(tmp_path):
-    _needs("tensorboard")
+    needs("tensorboard")
     with Trackers(("tensorboard",), tmp_path, "demo", {"train": {"lr": 0.1, "betas": (0.9, 0.95)}}) as t:
         for step in range(1, 4):
             t.log({"loss": 1.0 / step, "per_mod": {"text": 0.5}}, step=step)
@@ -83,7 +84,7 @@ def test_tensorboard_gets_every_step(tmp_path):
 
 
 def test_mlflow_writes_a_store_in_the_run_folder(tmp_path, monkeypatch):
-    _needs("mlflow")
+    needs("mlflow")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with Trackers(("mlflow",), tmp_path / "run", "demo", {"train": {"steps": 3}}) as t:
         for step in range(3):
@@ -101,7 +102,7 @@ def test_mlflow_writes_a_store_in_the_run_folder(tmp_path, monkeypatch):
 
 
 def test_wandb_writes_an_offline_run(tmp_path, monkeypatch):
-    _needs("wandb")
+    needs("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     with Trackers(("wandb",), tmp_path, "demo") as t:
         t.log({"loss_marker_7": 0.5}, step=1)
@@ -111,7 +112,7 @@ def test_wandb_writes_an_offline_run(tmp_path, monkeypatch):
 
 
 def test_a_tracker_that_fails_mid_run_is_dropped_with_one_warning(tmp_path, capsys):
-    _needs("tensorboard")
+    needs("tensorboard")
     t = Trackers(("tensorboard",), tmp_path, "demo")
 
     class Broken:
@@ -145,7 +146,7 @@ def test_all_three_run_with_no_network_at_all(tmp_path):
     """In a network namespace of its own (``unshare -n``: no interface but loopback) the three
     trackers start, log and close: by default none needs the network."""
     for package in ("tensorboard", "wandb", "mlflow"):
-        _needs(package)
+        needs(package)
     unshare = shutil.which("unshare")
     if unshare is None or subprocess.run([unshare, "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare -n is not allowed here (needs root or user namespaces)")

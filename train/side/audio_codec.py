@@ -76,7 +76,7 @@ import torch
 
 from ernie5.config import check, dump
 from ernie5.data.root import resolve_data_dir
-from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.store.runs import append_jsonl, provenance, write_json
 from ernie5.tokenizers.audio_codec import AudioCodec, snr_db
 from ernie5.tokenizers.audio_config import AudioCodecConfig
 from ernie5.tokenizers.audio_features import log_mel
@@ -407,7 +407,6 @@ def train_audio_codec(
     out.mkdir(parents=True, exist_ok=True)
     with side_run(out, dump(cfg), cfg.resume) as run:
         write_json(out / "meta.json", provenance(seed=cfg.seed))
-        write_atomic(out / "config.yaml", dump(cfg))
         torch.manual_seed(cfg.seed)
         rng = random.Random(cfg.seed)
         root = resolve_data_dir(data_dir)

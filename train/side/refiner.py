@@ -57,7 +57,7 @@ from PIL import Image, ImageFilter
 from ernie5.config import check, dump
 from ernie5.data.root import resolve_data_dir
 from ernie5.metrics import psnr, ssim
-from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.store.runs import append_jsonl, provenance, write_json
 from ernie5.tokenizers.refiner import Refiner, RefinerConfig, to_pixels, upsample_uint8
 from ernie5.tokenizers.vision import VisionTokenizer, reconstruct
 from train.common.optim import OptimConfig, make_adamw, param_groups
@@ -294,7 +294,6 @@ def train_refiner(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with side_run(out, dump(cfg), cfg.resume) as run:
-        write_atomic(out / "config.yaml", dump(cfg))
         meta = provenance(seed=cfg.seed)
         meta["tokenizer_path"] = str(tokenizer_path) if tokenizer_path is not None else None
         write_json(out / "meta.json", meta)

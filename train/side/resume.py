@@ -174,7 +174,10 @@ class SideRun:
 
 @contextmanager
 def side_run(out: Path, config_text: str, cfg: ResumeConfig) -> Iterator[SideRun]:
-    """A :class:`SideRun` for ``out`` with ``SIGTERM`` / first Ctrl-C handled as stop requests, and the
-    folder locked (:class:`~ernie5.store.runs.RunLock`: a second trainer into it gets one line)."""
+    """A :class:`SideRun` for ``out`` (its ``config.yaml`` written from ``config_text``), with
+    ``SIGTERM`` / first Ctrl-C handled as stop requests and the folder locked
+    (:class:`~ernie5.store.runs.RunLock`: a second trainer into it gets one line)."""
     with RunLock(out), preemptible(cfg.grace_s) as stop:
-        yield SideRun(out, config_text, cfg, stop)
+        run = SideRun(out, config_text, cfg, stop)
+        write_atomic(out / "config.yaml", config_text)
+        yield run

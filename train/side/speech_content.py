@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from ernie5.config import check, dump
 from ernie5.data.root import DataMissing, resolve_data_dir
-from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.store.runs import append_jsonl, provenance, write_json
 from ernie5.tokenizers.speech_content import SpeechContentConfig, SpeechContentEncoder, encode_text
 from train.common.optim import OptimConfig, make_adamw, param_groups
 from train.common.schedule import ScheduleConfig, lr_at
@@ -182,7 +182,6 @@ def train_speech_content(
     out.mkdir(parents=True, exist_ok=True)
     with side_run(out, dump(cfg), cfg.resume) as run:
         write_json(out / "meta.json", provenance(seed=cfg.seed))
-        write_atomic(out / "config.yaml", dump(cfg))
         torch.manual_seed(cfg.seed)
         rng = random.Random(cfg.seed)
         aug_rng = np.random.default_rng(cfg.seed)

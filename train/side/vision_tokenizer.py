@@ -46,7 +46,7 @@ import torch
 from ernie5.config import check, dump
 from ernie5.data.root import DataMissing, resolve_data_dir
 from ernie5.metrics import psnr, ssim
-from ernie5.store.runs import append_jsonl, provenance, write_atomic, write_json
+from ernie5.store.runs import append_jsonl, provenance, write_json
 from ernie5.tokenizers.vision import (
     VisionTokenizer,
     clips_to_pixels,
@@ -324,7 +324,6 @@ def _train(
     run: SideRun,
     time_budget_s: float | None,
 ) -> dict[str, Any]:
-    write_atomic(out / "config.yaml", dump(cfg))
     write_json(out / "meta.json", provenance(seed=cfg.seed))
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -358,8 +357,7 @@ def _train(
 
     t0 = time.perf_counter()
     if run.phase == "3d":  # the 2D stage had finished: its weights are in the 3D state
-        run.restore("3d", {"tok2d": tok})
-        steps_run = start = run.saved["extras"]["steps_2d"]
+        steps_run = start = run.restore("3d", {"tok2d": tok})[1]["steps_2d"]
     else:
         steps_run = start = run.restore("2d", state)[0]
     for step in range(start, cfg.steps):

@@ -251,12 +251,10 @@ def test_resume_keeps_the_global_batch(straight_run, tmp_path):
 def test_log_with_tensorboard_mirrors_every_record_and_resume_continues_it(tmp_path):
     """``--log-with tensorboard``: each metrics.jsonl record's numbers at its step, the loss equal;
     a resumed run appends the later steps to the same folder."""
-    import importlib.util
-
-    if importlib.util.find_spec("tensorboard") is None:
-        pytest.skip("tensorboard is not installed (pip install -e '.[trackers]')")
     from jobs.cli import main
-    from tests.store.test_trackers import tensorboard_scalars
+    from tests.store.test_trackers import needs, tensorboard_scalars
+
+    needs("tensorboard")
 
     run = tmp_path / "run"
     base = ["train", "--config", "micro", "--out", str(run), "--quiet", "--log-with", "tensorboard"]

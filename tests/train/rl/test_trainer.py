@@ -418,11 +418,9 @@ def test_a_stop_request_checkpoints_the_iteration_and_resume_is_exact(micro_ckpt
 
 
 def test_log_with_tensorboard_gets_reward_entropy_loss_and_mismatch(micro_ckpt, tmp_path):
-    import importlib.util
+    from tests.store.test_trackers import needs, tensorboard_scalars
 
-    if importlib.util.find_spec("tensorboard") is None:
-        pytest.skip("tensorboard is not installed (pip install -e '.[trackers]')")
-    from tests.store.test_trackers import tensorboard_scalars
+    needs("tensorboard")
     from train.rl.trainer import rl
 
     cfg = _cfg(micro_ckpt, rl=RLLoopConfig(steps=2, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=2))
