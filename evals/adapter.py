@@ -24,6 +24,7 @@ choices, the context's KV cache continued for longer ones (:mod:`evals.shared_co
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -142,6 +143,10 @@ class Ernie5EvalModel:
         self.subnet = subnet or Subnet.full(ckpt.cfg)
         self.routing = routing
         self.share_context = share_context
+        self.device = self.model.tok_emb.weight.device
+        """Where the backbone runs (the sweep's ``device``): requests are built on the CPU, moved there
+        for each forward, and the logits come back; the tokenizers and frozen media models stay on the
+        CPU."""
 
     # ---------------------------------------------------------------- identity
     @property
@@ -169,8 +174,17 @@ class Ernie5EvalModel:
     def _run(self, inputs: Inputs, real_BT: torch.Tensor, tally: _Tally, cache=None) -> ModelOutput:
         """One scoring forward of the sub-model (continuing ``cache`` when given), timed, with the
         expert loads of the positions ``real_BT`` marks recorded."""
+
+        def forward() -> ModelOutput:
+            if self.device.type == "cpu":
+                return self.model(inputs, subnet=self.subnet, cache=cache)
+            out = self.model(inputs.to(self.device), subnet=self.subnet, cache=cache)
+            # The scoring reads the logits on the CPU, beside the requests' targets (the copy also
+            # waits for the GPU, so the time is the forward's).
+            return dataclasses.replace(out, logits_BTV=out.logits_BTV.cpu())
+
         with torch.inference_mode():
-            out = tally.timed(self.model, inputs, subnet=self.subnet, cache=cache)
+            out = tally.timed(forward)
         tally.record(out, real_BT)
         return out
 

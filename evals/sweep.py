@@ -24,7 +24,8 @@ lists them); unit files of an earlier sweep with another suite stay on disk, out
 Hugging Face targets: ``checkpoint="hf:PATH"`` sweeps a local Hugging Face causal LM and its elastic
 sub-models (:mod:`evals.hf_model`): the target's hash (the folder's content hash) stands for the
 checkpoint hash in every fingerprint, its random twin is the same architecture initialised from the
-suite seed, and its efficiency rows are analytic (:func:`evals.hf_model.efficiency_rows`).
+suite seed, and its efficiency rows hold the analytic counts of each cut and timings of the masked
+model (:func:`evals.hf_model.efficiency_rows`).
 
 Over 500 lines for one reason: planning, evaluating and recording the units of one run folder is one
 flow under one lock, whose steps share the unit plan and the summary (the task pipeline, the cache and
@@ -68,7 +69,7 @@ from ernie5.config import ConfigError, to_dict
 from ernie5.data.root import resolve_data_dir
 from ernie5.model.elastic import Subnet
 from ernie5.model.model import Ernie5Model
-from ernie5.runtime.distributed import init_dist
+from ernie5.runtime.distributed import check_device, init_dist, pick_device
 from ernie5.runtime.memory import resident_mb
 from ernie5.runtime.preempt import Preempted, preemptible
 from ernie5.store.checkpoint import Checkpoint, checkpoint_hash, load_checkpoint
@@ -240,13 +241,14 @@ def random_twin(ckpt: Checkpoint, seed: int) -> Checkpoint:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Ernie5Model(ckpt.cfg)
+        model = Ernie5Model(ckpt.cfg)  # on the CPU, so every device draws the same twin
+    model.to(ckpt.model.tok_emb.weight.device)
     ref = ckpt.model.state_dict(keep_vars=True)
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             r = ref.get(name)
-            if r is not None and (t.dtype != r.dtype or t.device != r.device):
-                t.data = t.data.to(device=r.device, dtype=r.dtype)
+            if r is not None and t.dtype != r.dtype:
+                t.data = t.data.to(dtype=r.dtype)
     if is_fast(ckpt.model):
         apply_fast_paths(model)
     return dataclasses.replace(ckpt, model=model.eval())
@@ -291,20 +293,27 @@ def run_sweep(
     argv: list[str] | None = None,
     confirm_run_unsafe_code: bool = False,
     log_with: Sequence[str] = (),
+    device: str = "auto",
 ) -> SweepSummary:
     """Evaluate every unit of ``suite`` on ``checkpoint`` into ``out`` (resuming what matches).
 
     ``confirm_run_unsafe_code`` allows lm-eval tasks whose folder holds code they run. ``log_with``
     names experiment trackers (:mod:`ernie5.store.trackers`) that get every unit's scores and wall time
-    once the tables are written (:func:`log_units`).
+    once the tables are written (:func:`log_units`). ``device`` is where the model runs
+    (:func:`ernie5.runtime.distributed.pick_device`: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``; under
+    several processes ``cuda`` is each process's ``LOCAL_RANK`` GPU).
 
     Raises:
-        ConfigError: a bad suite, sub-model or ``limit`` (nothing written).
+        ConfigError: a bad suite, sub-model, ``limit`` or ``device`` (nothing written).
         RunLocked: another sweep is writing ``out`` (nothing written).
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"limit={limit}: expected an integer >= 1")
     log_with = parse_log_with(log_with)
+    try:
+        check_device(device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     t_start = time.perf_counter()
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     loaded = load_suite(suite)
@@ -331,6 +340,8 @@ def run_sweep(
     )
     n_blocks = len(subnets) + bool(cfg.subnets.random_baseline)
     dist = init_dist()
+    on = pick_device(device)
+    ckpt.model.to(on)  # the backbone only: tokenizers and frozen media models stay on the CPU
     run_dir = Path(out)
     lock = _lock(run_dir, dist)
     try:
@@ -380,6 +391,7 @@ def run_sweep(
                 "data_dir": str(data_dir) if data_dir else None,
                 "seeds": sorted({u.seed for u in units}),
                 "world_size": dist.world,
+                "device": on.type if dist.world > 1 else str(on),
                 "started": started,
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "wall_s": time.perf_counter() - t_start,
@@ -552,7 +564,7 @@ def _efficiency(
     from evals.results import all_units
 
     if isinstance(ckpt, HFTarget):
-        return efficiency_rows(ckpt, subnets)
+        return efficiency_rows(ckpt, subnets, cfg.efficiency)
     units = all_units(run_dir, names)
     rows = []
     for sub in subnets:

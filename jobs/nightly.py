@@ -8,6 +8,10 @@ sub-models, next to a random-initialised twin, into a run folder, then write the
 text, the shapes world's images and clips, DTMF audio; understanding and generation) is computed;
 the tasks that need a data root (``--data-dir`` / ``$ERNIE5_DATA_DIR``) run when one is given and
 are otherwise recorded as skipped with how to get the data. ``--checkpoint`` sweeps another model.
+
+On GPUs: ``--device cuda`` (or ``auto``, the default, on a machine with one) runs the model there;
+``torchrun --nproc-per-node N -m jobs.cli nightly ...`` (or ``accelerate launch``) spreads the units
+over ``N`` processes, one GPU each, into one run folder (:mod:`evals.sweep`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ernie5.data.root import resolve_data_dir
+from ernie5.runtime.distributed import Dist, init_dist
 
 NIGHTLY_CHECKPOINT = "reference"
 """The model the main job sweeps when no checkpoint is given: the shipped reference."""
@@ -33,18 +38,22 @@ def run_nightly(
     quiet: bool = False,
     confirm_run_unsafe_code: bool = False,
     log_with: Sequence[str] = (),
+    device: str = "auto",
 ) -> dict:
     """Run the main job; returns its summary (also written to ``RUN_DIR/nightly.json``).
 
     ``failed_units`` lists the sweep's units recorded as errors (``subnet/task: reason``); the report
-    is written either way. ``confirm_run_unsafe_code`` and ``log_with`` (experiment trackers) are
-    passed to :func:`evals.sweep.run_sweep`.
+    is written either way. ``confirm_run_unsafe_code``, ``log_with`` (experiment trackers) and
+    ``device`` are passed to :func:`evals.sweep.run_sweep`. Under ``torchrun`` / ``accelerate launch``
+    the processes share the sweep's units; process 0 then writes the report, the comparison and
+    ``nightly.json`` (the others return the sweep's counts).
     """
     from evals.sweep import run_sweep
 
     t0 = time.perf_counter()
     data_dir = resolve_data_dir(data_dir)
-    out = Path(out or Path("runs") / f"nightly-{time.strftime('%Y%m%d-%H%M%S')}")
+    dist = init_dist()
+    out = Path(out or _shared(dist, Path("runs") / f"nightly-{time.strftime('%Y%m%d-%H%M%S')}"))
     if checkpoint is None:
         checkpoint = NIGHTLY_CHECKPOINT
     summary = run_sweep(
@@ -56,6 +65,7 @@ def run_nightly(
         argv=sys.argv,
         confirm_run_unsafe_code=confirm_run_unsafe_code,
         log_with=log_with,
+        device=device,
     )
     result = {
         "run_dir": str(out),
@@ -71,6 +81,8 @@ def run_nightly(
         "skipped_tasks": summary.unavailable,
         "harness_overhead_share": round(summary.overhead_share, 4),
     }
+    if not dist.main:
+        return result
     from reports import build_report, compare_runs
 
     result["report"] = str(build_report(out))
@@ -82,3 +94,14 @@ def run_nightly(
     (out / "nightly.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return result
+
+
+def _shared(dist: Dist, value):
+    """Process 0's ``value`` on every process of a launch (the default run folder's time stamp)."""
+    if dist.world == 1:
+        return value
+    import torch.distributed
+
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]

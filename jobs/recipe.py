@@ -224,8 +224,13 @@ def run_recipe(
     overrides: list[str] | None = None,
     install: bool = False,
     quiet: bool = False,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the reference recipe into ``out``; returns ``recipe.json``'s content.
+
+    ``device`` (``auto``, ``cpu``, ``cuda``; None: the preset's ``auto``) is where the backbone, its
+    anneals and its continuation train (``train.device``; a resumed stage may move). The side models
+    (vision tokenizer, speech encoder, codec, refiner: small convolutional nets) train on the CPU.
 
     ``overrides`` are ``STAGE.KEY=VALUE`` strings (``STAGE``: one of :data:`STAGES`) added to that
     stage's config after the recipe's own, e.g. ``backbone.train.steps=8`` for a smoke run; a
@@ -307,11 +312,13 @@ def run_recipe(
             quiet,
         ),
     )
-    side_models = [  # the backbone and its anneals read the stages above, frozen
+    side_models = [  # the backbone and its anneals read the stages above, frozen (and train on ``device``)
         f"data.vision_tokenizer={out / 'vision' / 'tokenizer_3d'}",
         f"data.audio_codec={out / 'codec' / 'codec'}",
         f"data.speech_encoder={out / 'speech' / 'encoder'}",
     ]
+    # Not recorded as an override: a stage may resume on another device (train.pretrain's may_change).
+    side_models += [f"train.device={device}"] if device is not None else []
     bcfg = load(RunConfig, resolve_config_path(PRESET), [*side_models, *extra["backbone"]])
     backbone = out / "backbone"
     timed("backbone", dump(bcfg), lambda: _train_run(bcfg, backbone, data_dir, quiet))

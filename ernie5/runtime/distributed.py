@@ -46,13 +46,44 @@ def init_dist() -> Dist:
     return Dist(state.process_index, state.num_processes)
 
 
-def pick_device(name: str) -> torch.device:
-    """The device a process trains on: ``auto`` = CUDA when a GPU is visible (the GPU of the
-    process's ``LOCAL_RANK``), else CPU; ``cuda`` without a GPU is a ``ValueError``."""
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
+DEVICES = "auto, cpu, cuda or cuda:N"
+"""The device names the jobs take (``--device``)."""
+
+
+def parse_device(name: str) -> tuple[str, int | None]:
+    """``(kind, index)`` of a device name (one-line ``ValueError`` for anything else)."""
+    kind, sep, index = name.partition(":")
+    if kind in ("auto", "cpu", "cuda") and not sep:
+        return kind, None
+    if kind == "cuda" and index.isdigit():
+        return kind, int(index)
+    raise ValueError(f"device={name!r}: expected {DEVICES}")
+
+
+def check_device(name: str) -> None:
+    """Raise the one-line ``ValueError`` :func:`pick_device` would, without touching any GPU."""
+    kind, index = parse_device(name)
+    if kind != "cuda":
+        return
     if not torch.cuda.is_available():
         raise ValueError(f"device={name!r}, but no CUDA GPU is visible to this process")
-    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    if index is not None and index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device={name!r}, but this process sees {torch.cuda.device_count()} GPU(s) (cuda:0 .. "
+            f"cuda:{torch.cuda.device_count() - 1})"
+        )
+
+
+def pick_device(name: str) -> torch.device:
+    """The device a process runs on: ``auto`` = CUDA when a GPU is visible, else CPU; ``cuda`` = the
+    GPU of the process's ``LOCAL_RANK`` (so each process of a launch gets its own); ``cuda:N`` = GPU
+    ``N``; a CUDA name without a GPU (or ``N`` out of range) is a one-line ``ValueError``. A CUDA
+    device becomes the process's current one."""
+    check_device(name)
+    kind, index = parse_device(name)
+    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if index is None:
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

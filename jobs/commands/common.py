@@ -108,6 +108,26 @@ def log_with_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def eval_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device`` of the jobs that evaluate (``sweep``, ``nightly``): where the model runs."""
+    from ernie5.runtime.distributed import DEVICES, parse_device
+
+    def device(text: str) -> str:
+        try:
+            parse_device(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+
+    parser.add_argument(
+        "--device",
+        type=device,
+        default="auto",
+        help=f"where the model runs: {DEVICES} (default auto: a GPU when there is one, else the CPU; "
+        "under torchrun / accelerate launch, cuda is each process's own GPU)",
+    )
+
+
 def device_argument(parser: argparse.ArgumentParser, key: str) -> None:
     parser.add_argument(
         "--device",

@@ -15,6 +15,7 @@ from jobs.commands.common import (
     EXIT_OK,
     CLIError,
     check_out,
+    eval_device_argument,
     log_with_argument,
     print_json,
 )
@@ -137,6 +138,7 @@ def cmd_sweep(args) -> int:
         argv=sys.argv,
         confirm_run_unsafe_code=args.confirm_run_unsafe_code,
         log_with=args.log_with or (),
+        device=args.device,
     )
     print(json.dumps(_sweep_summary(summary)))
     _skipped_tasks("sweep", getattr(summary, "unavailable", {}), getattr(args, "strict", False))
@@ -167,11 +169,16 @@ def add_sweep_parser(sub) -> None:
         help="allow the suite's lm-eval tasks to run Python from their task folder (`!function`)",
     )
     log_with_argument(sw)
+    eval_device_argument(sw)
     sw.set_defaults(fn=cmd_sweep)
 
 
 def cmd_lm_eval(args) -> int:
     """``ernie5 lm-eval``: lm-eval's own command line with the ``ernie5`` model registered."""
+    from ernie5.runtime.packages import missing_reason
+
+    if why := missing_reason("lm_eval"):
+        raise CLIError(f"`ernie5 lm-eval` {why}")
     from evals.lm_eval.cli import run_lm_eval_cli
 
     return run_lm_eval_cli(args.lm_eval_args)
@@ -204,6 +211,7 @@ def cmd_nightly(args) -> int:
         quiet=args.quiet,
         confirm_run_unsafe_code=args.confirm_run_unsafe_code,
         log_with=args.log_with or (),
+        device=args.device,
     )
     _skipped_tasks("nightly", result.get("skipped_tasks", {}), getattr(args, "strict", False))
     return _failed_units("nightly", result["failed_units"], result["units"], result["run_dir"])
@@ -229,6 +237,7 @@ def add_nightly_parser(sub) -> None:
         help="allow the suite's lm-eval tasks to run Python from their task folder (`!function`)",
     )
     log_with_argument(n)
+    eval_device_argument(n)
     n.set_defaults(fn=cmd_nightly)
 
 

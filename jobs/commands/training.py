@@ -308,7 +308,12 @@ def cmd_recipe(args) -> int:
 
     check_out(args.out)
     record = run_recipe(
-        args.out, args.data_dir, overrides=args.set or [], install=args.install, quiet=args.quiet
+        args.out,
+        args.data_dir,
+        overrides=args.set or [],
+        install=args.install,
+        quiet=args.quiet,
+        device=args.device,
     )
     print_json({"out": args.out, "stages": record["stages"], "inputs_digest": record["inputs_digest"]})
     return 0
@@ -334,6 +339,12 @@ def add_recipe_parser(sub) -> None:
         "--install", action="store_true", help="copy the export into the package (ernie5/reference)"
     )
     rc.add_argument("--quiet", action="store_true")
+    rc.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        help="where the backbone, its anneals and its continuation train (train.device; default: the "
+        "preset's auto); the side models train on the CPU",
+    )
     rc.set_defaults(fn=cmd_recipe)
 
 

@@ -1,4 +1,5 @@
-"""Slow harness tests: kill -9 mid-sweep then resume; a 2-process sweep equals a 1-process sweep."""
+"""Slow harness tests: kill -9 mid-sweep then resume; a 2-process sweep (and nightly) equals a 1-process
+one."""
 
 from __future__ import annotations
 
@@ -120,8 +121,37 @@ def test_two_process_sweep_equals_one_process(ckpt, tmp_path):
         "no",
     )
     r = subprocess.run(
-        _sweep(ckpt, suite, two, prefix=prefix), env=_env(), capture_output=True, text=True, timeout=600
+        _sweep(ckpt, suite, two, "--device", "cpu", prefix=prefix),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     pd.testing.assert_frame_equal(pd.read_csv(one / "results.csv"), pd.read_csv(two / "results.csv"))
     assert json.loads((two / "manifest.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_two_process_nightly_writes_one_run_folder_and_one_report(ckpt, tmp_path):
+    """Under torchrun both processes agree on the default run folder (process 0's time stamp), share
+    the units, and process 0 alone writes the report and ``nightly.json``; the tables equal a
+    one-process sweep's."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(SUITE)
+    one = tmp_path / "one"
+    assert subprocess.run(_sweep(ckpt, suite, one), env=_env(), timeout=600).returncode == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "jobs.cli", "nightly", "--checkpoint", str(ckpt), "--suite", str(suite), "--quiet"]
+    r = subprocess.run(
+        [*cmd, "--device", "cpu"], env=_env(), cwd=work, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = (work / "runs").iterdir()
+    pd.testing.assert_frame_equal(pd.read_csv(one / "results.csv"), pd.read_csv(run / "results.csv"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and manifest["device"] == "cpu"
+    assert json.loads((run / "nightly.json").read_text())["units"] == len(pd.read_csv(one / "results.csv"))
+    assert (run / "report" / "index.html").is_file()
