@@ -36,6 +36,7 @@ from ernie5.config import ConfigError, from_dict, to_dict
 from ernie5.data.root import DataMissing, require_file
 from ernie5.files import hash_file_into
 from ernie5.registry import Registry
+from ernie5.runtime.packages import missing_reason
 from evals.api import (
     REQUEST_KINDS,
     GenerationResult,
@@ -196,6 +197,9 @@ class Task(Evaluable):
     """Files read, relative to the data root; empty for procedural tasks."""
     how_to_get: ClassVar[str] = ""
     requires: ClassVar[tuple[str, ...]] = ()
+    packages: ClassVar[tuple[str, ...]] = ()
+    """Optional Python packages the scoring imports (``jiwer`` for WER): without one the task is
+    skipped, the reason naming it (:func:`ernie5.runtime.packages.missing_reason`)."""
     Options: ClassVar[type] = NoOptions
     """Frozen dataclass of the task's kwargs; ``__post_init__`` checks ranges."""
     fixed: ClassVar[dict[str, Any]] = {}
@@ -221,7 +225,9 @@ class Task(Evaluable):
         return to_dict(self.options)
 
     def available(self, data_dir: str | Path | None) -> tuple[bool, str]:
-        """``(True, "")`` if every data file is present, else ``(False, one-line reason)``."""
+        """``(True, "")`` if every package and data file is present, else ``(False, one-line reason)``."""
+        if why := missing_reason(*self.packages):
+            return False, why
         for relpath in self.data_files:
             try:
                 require_file(data_dir, relpath, self.how_to_get)

@@ -139,7 +139,12 @@ def _row_number(i: int) -> int:
 def _load(path: Path, builder: str, **config: Any) -> list[dict[str, Any]] | None:
     """The rows of one local file as ``datasets``' packaged ``builder`` reads them, or None when it
     cannot (the caller then parses the file itself). Cached by content: the file's sha256 is part of
-    the builder config, hence of the cache key (``datasets`` keys local files by mtime only)."""
+    the builder config, hence of the cache key (``datasets`` keys local files by mtime only). Without
+    the ``datasets`` package, None: the caller's own parse reads every file."""
+    from ernie5.runtime.packages import have
+
+    if not have("datasets"):
+        return None
     import datasets
 
     digest = file_sha256(path)

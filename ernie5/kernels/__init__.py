@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -164,6 +165,9 @@ def _build() -> ModuleType:
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise RuntimeError("no C++ compiler (c++) on PATH")
     _prefer_package_ninja()
+    # A CUDA build of torch on a machine without the CUDA runtime logs a warning when this module is
+    # imported ("No CUDA runtime is found"); these kernels are CPU-only, so it is noise here.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
 
     name = _build_name()

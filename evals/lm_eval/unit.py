@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ernie5.files import hash_file_into
+from ernie5.runtime.packages import missing_reason
 from evals.lm_eval.common import LM_EVAL_VERSION, SUITE_CODE_FLAG
-from evals.lm_eval.model import Ernie5LM
 from evals.lm_eval.sandbox import CodeGuard, refuse_code, sandbox_errors
 from evals.lm_eval.task_yaml import defined_tasks, read_task_yaml, task_files
 from evals.task import Evaluable, UnitResult
@@ -106,7 +106,10 @@ class LmEvalUnit(Evaluable):
         return self._kwargs
 
     def available(self, data_dir: str | Path | None) -> tuple[bool, str]:
-        """``(True, "")`` when every data file the YAML names exists, else a one-line reason."""
+        """``(True, "")`` when lm-eval is installed and every data file the YAML names exists, else a
+        one-line reason."""
+        if why := missing_reason("lm_eval"):
+            return False, f"lm-eval task {self.lm_eval_task}: {why}"
         for ref in self._refs:
             path = _fill(ref, data_dir)
             if path is None:
@@ -165,6 +168,8 @@ class LmEvalUnit(Evaluable):
         if not ok:
             raise FileNotFoundError(reason)
         task, tm = self.lm_eval_task, self._task_manager(data_dir, work_dir)
+        from evals.lm_eval.model import Ernie5LM  # lm-eval's classes: imported only when it runs
+
         lm = Ernie5LM.from_eval_model(model)
         with _quiet_lm_eval(), CodeGuard(self.allow_code, SUITE_CODE_FLAG), sandbox_errors(task):
             out = simple_evaluate(

@@ -65,6 +65,7 @@ def _wave_result(name: str, example: Example, responses: list[Response]) -> np.n
 
 class _Tts(Task):
     requires = ("audio",)
+    packages = ("jiwer",)  # WER and CER
     capability = "generation"
     modality = "audio"
     metrics: ClassVar[dict[str, bool]] = {"wer": False, "cer": False, "exact_match": True}

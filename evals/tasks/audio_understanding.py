@@ -44,6 +44,7 @@ from evals.tasks.media import ChoiceOverMedia, CountOptions, question_prompt
 # ---------------------------------------------------------------------- recognition
 class _Asr(Task):
     requires = ("audio",)
+    packages = ("jiwer",)  # WER and CER
     capability = "understanding"
     modality = "audio"
     metrics: ClassVar[dict[str, bool]] = {"wer": False, "cer": False, "exact_match": True}

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ernie5.config import ConfigError, from_dict
 from ernie5.data.text import DataCorrupt
 from ernie5.files import hash_file_into
+from ernie5.runtime.packages import missing_reason
 
 if TYPE_CHECKING:
     import datasets
@@ -280,7 +281,10 @@ def parse_rows(spec: DatasetSpec, split: str, parse: Callable[[datasets.Dataset,
 
 def available(spec: DatasetSpec, splits: tuple[str, ...]) -> tuple[bool, str]:
     """``(True, "")`` if every split loads, else ``(False, one-line reason)``. A split whose files are
-    corrupt counts as available: evaluating it raises the :class:`DataCorrupt` (an error, not a skip)."""
+    corrupt counts as available: evaluating it raises the :class:`DataCorrupt` (an error, not a skip).
+    Without the ``datasets`` package the reason says so."""
+    if why := missing_reason("datasets"):
+        return False, f"dataset {spec.path}: {why}"
     for split in splits:
         try:
             load_rows(spec, split)

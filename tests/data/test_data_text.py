@@ -313,3 +313,19 @@ def test_a_valid_file_the_builder_trips_over_is_still_read(tmp_path):
         ("gsm8k-test-3", "2"),
         ("gsm8k-test-5", "3"),
     ]
+
+
+def test_without_the_datasets_package_the_readers_give_the_same_rows(data_root, monkeypatch):
+    """A machine without ``datasets`` (the GPU image) reads every file with the Python parse."""
+    import sys
+
+    readers = [
+        lambda: read_arc(data_root, "Easy", "validation"),
+        lambda: read_gsm8k(data_root, "test"),
+        lambda: read_openbookqa(data_root, "dev"),
+        lambda: read_babi_qa1(data_root, "test"),
+        lambda: read_shakespeare(data_root),
+    ]
+    with_datasets = [read() for read in readers]
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    assert [read() for read in readers] == with_datasets

@@ -175,8 +175,14 @@ def train_speech_content(
 
     Raises:
         DataMissing: no source has data (FSDD, eSpeak NG and LJSpeech all absent).
+        RunError: the held-out WER's jiwer is not installed (before any step).
     """
     from ernie5.data.voices import augment_speech
+    from ernie5.runtime.packages import missing_reason
+    from train.common.run_folder import RunError
+
+    if why := missing_reason("jiwer"):
+        raise RunError(f"the speech-content encoder's held-out WER {why}")
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
