@@ -93,7 +93,7 @@ def test_bench_moe_reports_both_ratios_per_dtype():
 @pytest.mark.slow
 def test_bench_train_reports_mfu_and_the_peer():
     pytest.importorskip("transformers")
-    from ernie5.bench.decode import _nano
+    from ernie5.bench import preset_model
     from ernie5.bench.timing import matmul_peak
     from ernie5.subnets.params import count_params
     from train.pretrain.bench import bench_train
@@ -106,7 +106,7 @@ def test_bench_train_reports_mfu_and_the_peer():
     assert out["shape"] == "nano" and out["dtype"] == "bf16"
     assert out["tokens_per_s"] > 0 and 0 < out["mfu"] < 1 and out["mfu_model_flops"] < 1
     # The accounting is the model's (perf-anchors.md: 5,640,960 active non-embedding parameters).
-    rep = count_params(_nano(), None, 256)
+    rep = count_params(preset_model(), None, 256)
     assert out["active_params_no_embedding"] == rep.active_params_no_embedding == 5_640_960
     assert out["train_flops_per_token"] == rep.train_flops_per_token
     phases = out["phase_ms"]
@@ -133,7 +133,8 @@ def test_bench_train_reports_mfu_and_the_peer():
 
 
 def test_bench_decode_reports_paired_speedups_for_every_subnet():
-    from ernie5.bench.decode import SUBNETS, _nano, bench_decode
+    from ernie5.bench import preset_model
+    from ernie5.bench.decode import SUBNETS, bench_decode
     from ernie5.subnets.params import count_params
     from ernie5.subnets.spec import resolve
 
@@ -155,7 +156,7 @@ def test_bench_decode_reports_paired_speedups_for_every_subnet():
     assert rows[-1]["spec"] == "d0.75-w0.5-k1 (extracted)"
     full = rows[0]
     assert full["speedup"] == 1.0 and full["ideal_speedup"] == 1.0 and full["gain_fraction_of_ideal"] is None
-    cfg, ctx = _nano(), prompt_len + new_tokens
+    cfg, ctx = preset_model(), prompt_len + new_tokens
     flops = {spec: count_params(cfg, resolve(spec, cfg), ctx).flops_per_token for spec in SUBNETS}
     for r, spec in zip(rows, SUBNETS, strict=True):
         assert r["dtype"] == "fp32"
@@ -183,13 +184,13 @@ def test_bench_decode_reports_paired_speedups_for_every_subnet():
 def test_bench_decode_extracted_row_counts_the_extracted_model():
     """The combined subnet is timed as a standalone extracted model: its active parameters are
     those of the child config that extraction writes, counted on its own."""
-    from ernie5.bench.decode import _nano
+    from ernie5.bench import preset_model
     from ernie5.model.model import Ernie5Model
     from ernie5.subnets.extract import extract_subnet
     from ernie5.subnets.params import count_params
     from ernie5.subnets.spec import resolve
 
-    cfg = _nano()
+    cfg = preset_model()
     with torch.device("meta"):
         parent = Ernie5Model(cfg)
     spec = "d0.75-w0.5-k1"
@@ -232,7 +233,7 @@ def test_cli_bench_runs_the_benchmark_and_prints_its_json(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out) == {"bench": "decode", "x": 1.5}
     assert calls[-1] == (
         "decode",
-        {"repeats": 2, "new_tokens": 5, "device": torch.device("cpu"), "decoding": "greedy"},
+        {"repeats": 2, "new_tokens": 5, "device": torch.device("cpu"), "decoding": "greedy", "shape": "nano"},
     )
 
 
@@ -349,3 +350,87 @@ def test_bench_harness_times_each_family_shared_and_unshared(tmp_path):
         assert 0 < 2 / row["items_per_s_shared"] < wall and 0 < 2 / row["items_per_s_each"] < wall
         assert row["speedup"] == pytest.approx(row["items_per_s_shared"] / row["items_per_s_each"], rel=0.02)
         assert row["max_abs_logprob_gap"] < 1e-3
+
+
+def test_bench_gemm_times_the_grouped_experts_beside_a_dense_matmul_of_the_same_flops():
+    from ernie5.bench.gemm import SHAPES, bench_gemm, routed_rows
+
+    t0 = time.perf_counter()
+    out = bench_gemm(repeats=2)
+    wall_s = time.perf_counter() - t0
+    json.dumps(out, allow_nan=False)
+    s = SHAPES["nano"]
+    assert out["shape"]["name"] == "nano" and out["shape"]["rows"] == s["tokens"] * s["top_k"]
+    counts = routed_rows(s["tokens"], s["n_experts"], s["top_k"])
+    assert int(counts.sum()) == s["tokens"] * s["top_k"] and out["shape"]["max_rows_per_expert"] == int(
+        counts.max()
+    )
+    flops = 6 * out["shape"]["rows"] * s["d_model"] * s["d_expert"]
+    for kind in ("grouped", "dense"):
+        ms = out[f"{kind}_ms"]
+        assert _positive(ms) and ms / 1e3 < wall_s
+        assert out[f"{kind}_tflops"] == pytest.approx(flops / (ms / 1e3) / 1e12, rel=1e-9)
+    assert out["grouped_over_dense"] == pytest.approx(out["grouped_tflops"] / out["dense_tflops"], rel=1e-9)
+    assert out["grouped_over_peak"] == pytest.approx(out["grouped_tflops"] / out["peak_tflops"], rel=1e-9)
+    with pytest.raises(ValueError, match="shape='huge'"):
+        bench_gemm(shape="huge")
+
+
+def test_bench_decode_sets_each_row_against_the_memory_bound():
+    from ernie5.bench import preset_model
+    from ernie5.bench.decode import bench_decode
+
+    prompt_len, new_tokens = 8, 4
+    out = bench_decode(
+        repeats=1, new_tokens=new_tokens, prompt_len=prompt_len, dtypes=("fp32", "bf16"), prefill_len=8
+    )
+    bandwidth = out["memory_bandwidth_gb_s"] * 1e9
+    assert _positive(bandwidth)
+    cfg = preset_model()
+    for r in out["subnets"]:
+        size = 4 if r["dtype"] == "fp32" else 2
+        assert r["bytes_per_token"] > r["active_params"] * size  # the KV cache on top of the weights
+        kv = r["bytes_per_token"] / size - r["active_params"]
+        assert kv <= 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * (prompt_len + new_tokens)
+        assert r["bandwidth_bound_tokens_per_s"] == pytest.approx(bandwidth / r["bytes_per_token"], rel=1e-9)
+        assert r["fraction_of_bandwidth_bound"] == pytest.approx(
+            r["tokens_per_s"] / r["bandwidth_bound_tokens_per_s"]
+        )
+
+
+def test_bench_parity_of_the_cpu_with_itself_is_exact():
+    from ernie5.bench.parity import bench_parity
+
+    out = bench_parity(batch=1, seq_len=16, new=4)
+    assert out["forward_rel_l2"] == 0.0 and out["forward_max_abs"] == 0.0
+    assert out["top1_agreement"] == 1.0 and out["greedy_tokens_equal"] is True
+
+
+def test_cli_bench_shape_options_reach_the_benchmarks(monkeypatch, capsys):
+    from ernie5.bench import gemm
+    from jobs.cli import main
+    from train.pretrain import bench
+
+    calls = []
+    monkeypatch.setattr(gemm, "bench_gemm", lambda **kw: calls.append(("gemm", kw)) or {"ok": 1})
+    monkeypatch.setattr(bench, "bench_train", lambda **kw: calls.append(("train", kw)) or {"ok": 1})
+    assert main(["bench", "gemm", "--shape", "gpu", "--repeats", "2", "--json"]) == 0
+    assert calls[-1] == ("gemm", {"shape": "gpu", "repeats": 2, "device": torch.device("cpu")})
+    argv = ["bench", "train", "--shape", "gpu_fill", "--batch-size", "2", "--seq-len", "64", "--json"]
+    assert main(argv) == 0
+    kw = calls[-1][1]
+    assert (kw["shape"], kw["batch_size"], kw["seq_len"]) == ("gpu_fill", 2, 64)
+    capsys.readouterr()
+    for argv, match in (
+        (["bench", "moe", "--shape", "gpu"], "--shape applies to `bench gemm`, `train` and `decode`"),
+        (["bench", "decode", "--seq-len", "8"], "--seq-len 8: applies to `bench train` only"),
+        (["bench", "train", "--batch-size", "0"], "--batch-size 0: expected an integer >= 1"),
+        (["bench", "train", "--shape", "gpu_fill", "--peer"], "--peer times the peer at the nano shape only"),
+        (["bench", "train", "--shape", "huge"], "unknown preset 'huge'"),
+    ):
+        monkeypatch.setattr(
+            bench, "bench_train", __import__("train.pretrain.bench", fromlist=["x"]).bench_train
+        )
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert match in err and err.count("\n") == 1, err

@@ -1,13 +1,13 @@
 """``ernie5 bench decode``: KV-cache decoding tokens/s of the nano model and its sub-models.
 
-A randomly initialised nano model (perf-anchors.md shape) decodes ``new_tokens`` tokens after a
-32-token prompt, batch 1, in fp32 and bf16, sampling at temperature 1 with a fixed seed
-(``decoding="sampled"``, the default) or greedily (``"greedy"``). Sampling is the default because
-greedy decoding from random weights falls into repeating a handful of tokens (15 distinct of 64
-at the default seed), so its routing keeps revisiting 9-26 experts per layer whose weights stay
-in cache, which no trained model's decoding does; sampled, the same model emits ~63 distinct
-tokens and reaches 16-52 experts per layer, so expert weights come from memory as in real
-decoding. Each row reports ``distinct_tokens`` (of its last round).
+A randomly initialised nano model (perf-anchors.md shape; or the model of the preset ``shape``)
+decodes ``new_tokens`` tokens after a 32-token prompt, batch 1, in fp32 and bf16, sampling at
+temperature 1 with a fixed seed (``decoding="sampled"``, the default) or greedily (``"greedy"``).
+Sampling is the default because greedy decoding from random weights falls into repeating a handful
+of tokens (15 distinct of 64 at the default seed), so its routing keeps revisiting 9-26 experts per
+layer whose weights stay in cache, which no trained model's decoding does; sampled, the same model
+emits ~63 distinct tokens and reaches 16-52 experts per layer, so expert weights come from memory as
+in real decoding. Each row reports ``distinct_tokens`` (of its last round).
 
 ``tokens_per_s`` counts decode steps only (the prompt's prefill is timed separately as
 ``prefill_ms``). Sub-models: the full model, top-k 25 % (k=1 of 2, i.e. the smallest top-k), depth
@@ -18,6 +18,13 @@ each timing every sub-model once in turn, of the round's tokens/s ratio (``token
 (``ernie5.subnets.params``, at the mean context of the run); ``fraction_of_ideal = speedup /
 ideal_speedup`` and the stricter ``gain_fraction_of_ideal = (speedup - 1) / (ideal_speedup - 1)``.
 ``device`` (``--device cuda``) decodes on a GPU instead, each timed call synchronised with it.
+
+Memory bound: a batch-1 decode step reads every active weight and the KV cache once, so it can go no
+faster than ``bandwidth_bound_tokens_per_s = memory_bandwidth / bytes_per_token``, with
+``bytes_per_token = (active_params + KV cache elements at the run's mean context) * element size``
+and the bandwidth measured in the same process (:func:`ernie5.bench.timing.memory_bandwidth`: HBM
+on a GPU, DRAM on the CPU); ``fraction_of_bandwidth_bound`` is the measured tokens/s over it. On a
+GPU, ``shape="gpu_fill"`` (a preset) gives a model whose weights, not kernel launches, set the pace.
 
 ``prefill`` reports, per dtype, the full model's tokens/s over one ``1 x prefill_len`` forward
 that fills a KV cache under ``inference_mode`` (default 512), as perf-anchors.md times its peer's
@@ -32,10 +39,10 @@ import time
 
 import torch
 
-from ernie5.bench.timing import environment, median_seconds, synchronizer
+from ernie5.bench import preset_model
+from ernie5.bench.timing import environment, median_seconds, memory_bandwidth, synchronizer
 from ernie5.fast import apply_fast_paths
 from ernie5.generation.text import generate
-from ernie5.model.config import ModelConfig
 from ernie5.model.model import Ernie5Model
 from ernie5.subnets.extract import extract_subnet
 from ernie5.subnets.params import count_params
@@ -46,13 +53,6 @@ DECODINGS = {"sampled": {"temperature": 1.0, "seed": 0}, "greedy": {"temperature
 """How tokens are picked (``generate`` arguments), by ``decoding`` name."""
 
 
-def _nano() -> ModelConfig:
-    from ernie5.config import from_dict, read_yaml
-    from ernie5.presets import resolve_config_path
-
-    return from_dict(ModelConfig, read_yaml(resolve_config_path("nano"))["model"])
-
-
 def bench_decode(
     repeats: int = 5,
     new_tokens: int = 64,
@@ -61,6 +61,7 @@ def bench_decode(
     device: torch.device | str = "cpu",
     decoding: str = "sampled",
     prefill_len: int = 512,
+    shape: str = "nano",
 ) -> dict:
     """Run the benchmark on ``device``; returns ``{"subnets": [...], ...}`` (one entry per subnet
     and dtype)."""
@@ -69,9 +70,11 @@ def bench_decode(
     pick = DECODINGS[decoding]
     device = torch.device(device)
     sync = synchronizer(device)
-    cfg = _nano()
+    cfg = preset_model(shape)
     torch.manual_seed(0)
-    base = apply_fast_paths(Ernie5Model(cfg).eval().to(device))
+    with device:  # initialised where it runs: a GPU-sized shape never sits on the host
+        base = apply_fast_paths(Ernie5Model(cfg).eval())
+    bandwidth = memory_bandwidth(device)
     prompt = torch.randint(16, cfg.vocab_size, (prompt_len,)).tolist()
     ctx = prompt_len + new_tokens
     subs = {spec: resolve(spec, cfg) for spec in SUBNETS}
@@ -118,6 +121,10 @@ def bench_decode(
         for spec, (label, _, _) in runs.items():
             ideal = reports["full"].flops_per_token / reports[spec].flops_per_token
             speedup = statistics.median(a / b for a, b in zip(tps[spec], tps["full"]))
+            n_kept = len(subs[spec].layers)
+            kv = 2 * n_kept * cfg.n_kv_heads * cfg.dim_head * (prompt_len + new_tokens / 2)
+            bytes_per_token = (reports[spec].active_params + kv) * (2 if dtype == torch.bfloat16 else 4)
+            bound = bandwidth / bytes_per_token
             rows.append(
                 {
                     "spec": label,
@@ -129,11 +136,15 @@ def bench_decode(
                     "fraction_of_ideal": speedup / ideal,
                     "gain_fraction_of_ideal": (speedup - 1) / (ideal - 1) if ideal > 1 else None,
                     "active_params": reports[spec].active_params,
+                    "bytes_per_token": bytes_per_token,
+                    "bandwidth_bound_tokens_per_s": bound,
+                    "fraction_of_bandwidth_bound": statistics.median(tps[spec]) / bound,
                     "distinct_tokens": distinct[spec],
                 }
             )
     return {
-        "shape": "nano",
+        "shape": shape,
+        "memory_bandwidth_gb_s": bandwidth / 1e9,
         "prompt_len": prompt_len,
         "new_tokens": new_tokens,
         "decoding": {"mode": decoding, **pick},

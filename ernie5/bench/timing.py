@@ -92,6 +92,17 @@ def matmul_peak(
     return 2 * n**3 / median_seconds(lambda: a @ b, repeats, warmup=3, device=device)
 
 
+def memory_bandwidth(device: torch.device | str = "cpu", mib: int | None = None, repeats: int = 10) -> float:
+    """Median bytes/s of copying one ``mib``-MiB buffer into another on ``device`` (read + write
+    counted; default 1024 MiB on a GPU, 256 on the CPU): the memory bound a decode step is measured
+    against (``ernie5 bench decode``)."""
+    device = torch.device(device)
+    n = (mib or (1024 if device.type == "cuda" else 256)) * 2**20 // 4
+    src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / median_seconds(lambda: dst.copy_(src), repeats, warmup=2, device=device)
+
+
 @functools.cache
 def machine_peak(dtype: torch.dtype, device: str = "cpu") -> float:
     """:func:`matmul_peak` measured once per process and device (the MFU denominator of ``ernie5

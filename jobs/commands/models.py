@@ -107,7 +107,7 @@ def add_generate_parser(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    """``ernie5 bench moe|decode|train|harness``."""
+    """``ernie5 bench moe|gemm|decode|train|parity|harness``."""
     for name in ("repeats", "grad_accum"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
@@ -131,6 +131,20 @@ def cmd_bench(args) -> int:
         why = fp8_supported(device)
         if why is not None:
             raise CLIError(f"--fp8: {why}")
+    if args.shape is not None and args.what not in ("gemm", "train", "decode"):
+        raise CLIError(f"--shape applies to `bench gemm`, `train` and `decode`, not `bench {args.what}`")
+    for name in ("batch_size", "seq_len"):
+        value = getattr(args, name)
+        if value is not None and (args.what != "train" or value < 1):
+            flag = "--" + name.replace("_", "-")
+            why = "expected an integer >= 1" if value < 1 else "applies to `bench train` only"
+            raise CLIError(f"{flag} {value}: {why}")
+    if args.shape is not None and args.what in ("train", "decode"):
+        from ernie5.presets import resolve_config_path
+
+        resolve_config_path(args.shape)  # an unknown preset: ConfigError, before any work
+    if args.peer and args.shape not in (None, "nano"):
+        raise CLIError("--peer times the peer at the nano shape only")
     if args.what != "harness" and (args.checkpoint is not None or args.items is not None):
         raise CLIError(f"--checkpoint and --items apply to `bench harness`, not `bench {args.what}`")
     if args.what == "harness":
@@ -147,6 +161,17 @@ def cmd_bench(args) -> int:
             items=args.items or 40,
             repeats=args.repeats,
         )
+    elif args.what == "parity":
+        from ernie5.bench.parity import bench_parity
+
+        result = bench_parity(device=device)
+    elif args.what == "gemm":
+        from ernie5.bench.gemm import bench_gemm
+
+        try:
+            result = bench_gemm(shape=args.shape, repeats=args.repeats, device=device)
+        except ValueError as e:
+            raise CLIError(f"--shape: {e}") from None
     elif args.what == "moe":
         from ernie5.bench.moe import bench_moe
 
@@ -159,12 +184,16 @@ def cmd_bench(args) -> int:
             new_tokens=args.new_tokens,
             device=device,
             decoding=args.decoding or "sampled",
+            shape=args.shape or "nano",
         )
     else:
         from train.pretrain.bench import bench_train
 
         result = bench_train(
             repeats=args.repeats,
+            shape=args.shape or "nano",
+            batch_size=args.batch_size or 8,
+            seq_len=args.seq_len or 256,
             peer=args.peer,
             grad_accum=args.grad_accum,
             device=str(device),
@@ -181,10 +210,17 @@ def cmd_bench(args) -> int:
 def add_bench_parser(sub) -> None:
     """``ernie5 bench``."""
     b = sub.add_parser("bench", help="benchmarks printing JSON (medians over repeats)")
-    b.add_argument("what", choices=["moe", "decode", "train", "harness"])
+    b.add_argument("what", choices=["moe", "gemm", "decode", "train", "parity", "harness"])
     b.add_argument("--json", action="store_true", help="print JSON only")
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--tokens", type=int, default=2048, help="moe: tokens per forward")
+    b.add_argument(
+        "--shape",
+        help="gemm: nano or gpu (default: gpu on CUDA, else nano); train, decode: a preset's model (default "
+        "nano; gpu_fill fills one H100)",
+    )
+    b.add_argument("--batch-size", type=int, help="train: sequences per micro-batch (default 8)")
+    b.add_argument("--seq-len", type=int, help="train: tokens per sequence (default 256)")
     b.add_argument("--new-tokens", type=int, default=64, help="decode: tokens generated per repeat")
     b.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     b.add_argument("--checkpoint", default=None, help="harness: checkpoint (default: reference)")

@@ -30,13 +30,12 @@ from dataclasses import replace
 
 import torch
 
+from ernie5.bench import preset_model
 from ernie5.bench.timing import environment, matmul_peak, median_seconds
-from ernie5.config import from_dict, read_yaml
 from ernie5.fast import apply_fast_paths
 from ernie5.model.config import ModelConfig
 from ernie5.model.model import Ernie5Model
 from ernie5.model.moe import MoE, update_router_bias
-from ernie5.presets import resolve_config_path
 from ernie5.runtime.allocator import tune_allocator
 from ernie5.subnets.params import count_params
 from train.pretrain.precision import MixedPrecision
@@ -101,6 +100,7 @@ def bench_peer_mixtral(
 
 def bench_train(
     repeats: int = 5,
+    shape: str = "nano",
     batch_size: int = 8,
     seq_len: int = 256,
     dtype: str = "bf16",
@@ -111,7 +111,9 @@ def bench_train(
     activation_checkpoint: bool = False,
     fp8: bool = False,
 ) -> dict:
-    """Median tokens/s of a full training step and the MFU it implies, after ``warmup`` steps.
+    """Median tokens/s of a full training step and the MFU it implies, after ``warmup`` steps, for the
+    model of preset ``shape`` (``nano``: the CPU reference of perf-anchors.md; ``gpu_fill``: a shape
+    that fills one H100, for its MFU) at ``batch_size x seq_len`` tokens per micro-batch.
 
     ``grad_accum`` micro-batches share one optimizer step (``train.grad_accum``): the optimizer
     phase, which does not depend on the batch, is then paid once per ``grad_accum`` micro-batches.
@@ -120,7 +122,7 @@ def bench_train(
     the peer's setting (``matched_to_peer``: no MTP module, no gradient clipping, no bias update),
     so the speedups compare like with like as well as our real step against theirs.
     """
-    cfg = from_dict(ModelConfig, read_yaml(resolve_config_path("nano"))["model"])
+    cfg = preset_model(shape)  # ConfigError: no such preset
     tune_allocator()
     peak_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     dev = torch.device(device)
@@ -151,7 +153,9 @@ def bench_train(
     flops_per_step = 6 * active * tokens
     phase_ms = {k: statistics.median(v[-repeats:]) * 1e3 for k, v in phases.items()}
     result = {
-        "shape": "nano",
+        "shape": shape,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
         "dtype": dtype,
         "tokens_per_step": tokens,
         "grad_accum": grad_accum,
@@ -217,7 +221,8 @@ def _time_step(
     laps = phases if phases is not None else {}
     dev = torch.device(device)
     torch.manual_seed(0)
-    model = Ernie5Model(cfg).train().to(dev)
+    with dev:  # initialised where it trains: a GPU-sized shape never sits on the host
+        model = Ernie5Model(cfg).train()
     mp = MixedPrecision(model, dtype)
     apply_fast_paths(mp.compute, grad_squares=mp.grad_squares)
     if fp8:
