@@ -165,3 +165,92 @@ def test_a_one_process_run_continues_with_two(tmp_path, single):
     assert not (run / "checkpoints" / "step_00000008" / "train_state.dcp").exists()
     _train(run, 2, "train.grad_accum=1", "train.parallel.subnet_group=2", "train.parallel.ep=2", resume=True)
     assert _losses(run) == pytest.approx(_losses(single[2]), rel=1e-5, abs=1e-6)
+
+
+def _bf16_worker(rank: int, port: int, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ernie5.config import load
+    from ernie5.model.inputs import Targets
+    from ernie5.model.model import Ernie5Model
+    from ernie5.presets import resolve_config_path
+    from train.pretrain.config import ParallelConfig, RunConfig
+    from train.pretrain.parallel.shard import parallelize
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        cfg = load(RunConfig, resolve_config_path("micro"))
+        torch.manual_seed(0)
+        ref = Ernie5Model(cfg.model)
+        model = Ernie5Model(cfg.model)
+        model.load_state_dict(ref.state_dict())
+        par = parallelize(
+            model,
+            ParallelConfig(dp_shard=2, ep=2),
+            rank=rank,
+            world=2,
+            device="cpu",
+            param_dtype=torch.bfloat16,
+        )
+        blocks = list(model.layers)
+        states = [b._get_fsdp_state() for b in blocks]
+        forward = [
+            [s is states[i + 1] for s in st._states_to_forward_prefetch] for i, st in enumerate(states[:-1])
+        ]
+        backward = [
+            [s is states[i - 1] for s in st._states_to_backward_prefetch] for i, st in enumerate(states) if i
+        ]
+        gen = torch.Generator().manual_seed(1)
+        ids = torch.randint(4, 500, (4, 32), generator=gen)
+        tgt = torch.randint(4, 500, (4, 32), generator=gen)
+        ones = torch.ones_like(tgt, dtype=torch.float32)
+        mine = slice(2 * rank, 2 * rank + 2)
+        loss = model(ids[mine], targets=Targets(tgt[mine], ones[mine]), return_logits=False).losses.text
+        par.touch_root(loss).backward()
+        par.finish_grads(0.0)
+        total = loss.detach().float().clone()
+        dist.all_reduce(total)
+        low = Ernie5Model(cfg.model)
+        low.load_state_dict(ref.state_dict())
+        low.to(torch.bfloat16)  # one process computing in bf16 on the union of the batches
+        ref_loss = low(ids, targets=Targets(tgt, ones), return_logits=False).losses.text
+        ref_loss.backward()
+        g = model.tok_emb.weight.grad.full_tensor().float()
+        r = low.tok_emb.weight.grad.float()
+        out[rank] = {
+            "forward": forward,
+            "backward": backward,
+            "loss": (float(total) / 2, float(ref_loss)),
+            "grad_rel": float((g - r).norm() / r.norm()),
+            "dtype": str(model.layers[0].attn.wqkv.weight.dtype),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bf16_fsdp2_with_prefetch_follows_one_bf16_process():
+    """Two processes, FSDP2 + expert parallelism gathering in bf16 (fp32 master shards, fp32
+    reduction): every block prefetches the next in the forward and the previous in the backward, and
+    the loss and gradients follow one process computing in bf16 on both batches."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_bf16_worker, args=(port, out), nprocs=2, join=True)
+        res = dict(out)
+    for rank in (0, 1):
+        r = res[rank]
+        assert r["forward"] and all(f == [True] for f in r["forward"]), r
+        assert r["backward"] and all(b == [True] for b in r["backward"]), r
+        mine, ref = r["loss"]
+        assert mine == pytest.approx(ref, rel=2e-2)
+        assert r["grad_rel"] < 5e-2, r
+        assert r["dtype"] == "torch.float32"  # the master shards stay fp32
