@@ -35,9 +35,10 @@ Deviations:
      ``DynamicCache`` holding the sub-model's kept layers only (their cache indices renumbered in
      order while it runs, :func:`evals.hf_elastic.compact_cache_indices`); it is not batched.
   2. Efficiency rows carry the analytic parameter counts of each cut (:func:`evals.hf_elastic.
-     param_counts`, ``flops_per_token`` = 2 x active) and no timings: those are NaN with status
-     ``failed`` and the reason, so reports show "measurement failed" rather than a figure measured
-     another way than the ERNIE5 rows'.
+     param_counts`, ``flops_per_token`` = 2 x active, attention's context term left out) and timings
+     of the masked model (skipped layers and dropped experts cost nothing, but no sub-model is
+     extracted: ``extracted_bytes`` and ``peak_memory_mb`` stay empty), measured as the ERNIE5 rows'
+     are; no ``active_params_measured`` (routing is not recorded for it).
   3. The calibration text is cut at 128 tokens of this tokenizer, as ERNIE5 cuts it at 128 of its.
 """
 
@@ -131,6 +132,7 @@ class HFTarget:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32)
+        model.to(next(self.model.parameters()).device)
         twin_hash = hashlib.sha256(f"{self.hash}|random|{seed}".encode()).hexdigest()
         return dataclasses.replace(self, model=model.eval(), hash=twin_hash)
 
@@ -187,8 +189,9 @@ def compute_importance(target: HFTarget, batches: list[torch.Tensor]) -> Importa
     counter = RoutingCounter(shape.moe.n_experts)
     try:
         with elastic(model, Subnet.full(shape), shape, counter):  # type: ignore[arg-type]
+            device = next(model.parameters()).device
             for ids in batches:
-                model(input_ids=ids, use_cache=False)
+                model(input_ids=ids.to(device), use_cache=False)
     finally:
         for h in hooks:
             h.remove()
@@ -215,6 +218,8 @@ class HFEvalModel:
     def __init__(self, target: HFTarget, subnet: Subnet | None = None, batch_size: int = 16, *, routing=True):
         self.target = target
         self.model = target.model.eval()
+        self.device = next(self.model.parameters()).device
+        """Where the model runs (the sweep's ``device``): inputs go there, log-probabilities come back."""
         self.tokenizer = target.tokenizer
         self.shape = target.cfg
         self.subnet = subnet or Subnet.full(self.shape)  # type: ignore[arg-type]
@@ -262,8 +267,10 @@ class HFEvalModel:
         if counter is not None:
             counter.real = real.reshape(-1)
         with torch.inference_mode(), elastic(self.model, self.subnet, self.shape, counter):
-            logits = self.model(input_ids=ids, attention_mask=real.long(), use_cache=False).logits
-        return logits.float().log_softmax(dim=-1)
+            logits = self.model(
+                input_ids=ids.to(self.device), attention_mask=real.long().to(self.device), use_cache=False
+            ).logits
+        return logits.float().log_softmax(dim=-1).cpu()
 
     def _answers(self, results: list, costs: list[Cost], model_s: float, counter) -> Answers:
         routing = {k: v.tolist() for k, v in sorted(counter.counts.items())} if counter else {}
@@ -378,18 +385,19 @@ class HFEvalModel:
         stops: tuple[str, ...],
         counter,
         on_forward: Callable[[], None] | None = None,
+        stop_at_eos: bool = True,
     ) -> list[int]:
         """Greedy tokens after ``prompt``: one prefill, then one cached forward per token (the sub-model's
         kept layers only in the cache: :func:`evals.hf_elastic.compact_cache_indices`). ``on_forward``
-        is called after each forward (timing)."""
+        is called after each forward (timing); ``stop_at_eos=False`` decodes all ``max_new`` tokens."""
         from transformers import DynamicCache
 
         new: list[int] = []
-        eos = self.tokenizer.eos_token_id
+        eos = self.tokenizer.eos_token_id if stop_at_eos else None
         if counter is not None:
             counter.real = None  # every position of a generation is real
         cache = DynamicCache()
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=self.device)
         with (
             torch.inference_mode(),
             elastic(self.model, self.subnet, self.shape, counter),
@@ -403,44 +411,95 @@ class HFEvalModel:
                 new.append(nxt)
                 if nxt == eos or (stops and any(s in self.tokenizer.decode(new[-32:]) for s in stops)):
                     break
-                ids = torch.tensor([[nxt]])
+                ids = torch.tensor([[nxt]], device=self.device)
         return new
 
 
-def efficiency_rows(target: HFTarget, subnets: list[Subnet]) -> list[dict]:
-    """One analytic row per sub-model (see Deviations 2)."""
+def efficiency_rows(
+    target: HFTarget, subnets: list[Subnet], cfg=None, *, clock: Callable[[], float] | None = None
+) -> list[dict]:
+    """One row per sub-model: the analytic parameter counts of the cut (:func:`evals.hf_elastic.
+    param_counts`; ``flops_per_token`` = 2 x active) and, with the suite's efficiency settings
+    ``cfg``, prefill and decoding times measured as the ERNIE5 rows' are (:mod:`evals.efficiency`:
+    a ``prompt_len``-token prompt, ``decode_tokens`` greedy tokens through the KV-cached decoder,
+    every step timed, the same checks and retries) on the masked model (Deviations 2)."""
+    from ernie5.runtime.threads import num_threads
+    from evals.efficiency import CPU_THREADS, MAX_ATTEMPTS, _timing_columns, machine_matmul_peak
+
+    clock = clock or time.perf_counter
     nan = math.nan
+    first = next(target.model.parameters())
+    on_cpu = first.device.type == "cpu"
+    threads = CPU_THREADS if on_cpu else None
+    peak = machine_matmul_peak(str(first.device), first.dtype, threads or 0) if cfg is not None else nan
     rows = []
     for sub in subnets:
         total, active = param_counts(target.model, sub, target.cfg)
         moe = [i for i in sub.layers if target.cfg.is_moe_layer(i)]
-        rows.append(
-            {
-                "subnet": sub.name,
-                "depth": len(sub.layers),
-                "width": max((sub.n_experts_kept(i, target.cfg.moe.n_experts) for i in moe), default=0),
-                "top_k": sub.top_k,
-                "total_params": total,
-                "active_params": active,
-                "active_params_measured": None,
-                "flops_per_token": 2 * active,
-                **{
-                    k: nan
-                    for k in (
-                        "prefill_ms",
-                        "prefill_ms_low",
-                        "prefill_ms_high",
-                        "decode_tokens_per_s",
-                        "decode_tokens_per_s_low",
-                        "decode_tokens_per_s_high",
-                        "matmul_peak_flops",
-                    )
-                },
-                "threads": None,
-                "status": "failed",
-                "reason": NO_TIMINGS,
-                "peak_memory_mb": None,
-                "extracted_bytes": None,
-            }
-        )
+        row = {
+            "subnet": sub.name,
+            "depth": len(sub.layers),
+            "width": max((sub.n_experts_kept(i, target.cfg.moe.n_experts) for i in moe), default=0),
+            "top_k": sub.top_k,
+            "total_params": total,
+            "active_params": active,
+            "active_params_measured": None,
+            "flops_per_token": 2 * active,
+            "threads": threads,
+            "peak_memory_mb": None,
+            "extracted_bytes": None,
+        }
+        if cfg is None:
+            row.update(
+                {k: nan for k in _TIMING_KEYS}, matmul_peak_flops=nan, status="failed", reason=NO_TIMINGS
+            )
+        else:
+            model = HFEvalModel(target, sub, 1, routing=False)
+            gen = torch.Generator().manual_seed(0)
+            vocab = int(target.model.config.vocab_size)
+            prompt = torch.randint(min(16, vocab - 1), vocab, (cfg.prompt_len,), generator=gen).tolist()
+            with num_threads(threads):
+                for _ in range(MAX_ATTEMPTS):
+                    prefill, steps = _time_greedy(model, prompt, cfg, clock)
+                    timing = _timing_columns(prefill, steps, cfg.prompt_len, 2 * active, peak)
+                    if timing["status"] == "ok":
+                        break
+            row.update(timing)
+        rows.append(row)
     return rows
+
+
+_TIMING_KEYS = (
+    "prefill_ms",
+    "prefill_ms_low",
+    "prefill_ms_high",
+    "decode_tokens_per_s",
+    "decode_tokens_per_s_low",
+    "decode_tokens_per_s_high",
+)
+
+
+def _time_greedy(model: HFEvalModel, prompt: list[int], cfg, clock) -> tuple[list[float], list[float]]:
+    """Prefill seconds (one per repeat) and decoding-step seconds of greedy decoding, after one
+    untimed warm-up call (as :func:`evals.efficiency.time_generation` times ERNIE5's)."""
+    from ernie5.bench.timing import synchronizer
+    from evals.efficiency import MIN_REPEATS
+
+    sync = synchronizer(model.device)
+    prefill: list[float] = []
+    steps: list[float] = []
+    for rep in range(max(cfg.repeats, MIN_REPEATS) + 1):
+        marks: list[float] = []
+
+        def on_forward(marks: list[float] = marks) -> None:
+            sync()
+            marks.append(clock())
+
+        sync()
+        start = clock()
+        model._greedy(prompt, cfg.decode_tokens, (), None, on_forward, stop_at_eos=False)
+        if rep == 0 or not marks:
+            continue
+        prefill.append(marks[0] - start)
+        steps.extend(b - a for a, b in zip(marks, marks[1:], strict=False))
+    return prefill, steps

@@ -335,8 +335,12 @@ def efficiency(a: Analysis) -> tuple[Block, ...]:
     """Score against cost with the Pareto frontier, and the paper-style operating points."""
     if a.efficiency is None:
         return (Text("This run recorded no efficiency table (efficiency.csv / efficiency.json)."),)
-    if a.pareto is None:
-        return (Text("No aggregate scores (no subnet has relative scores) to place against cost."),)
+    if a.pareto is None:  # nothing to place against cost; what each subnet costs still stands
+        return (
+            Text("No aggregate scores (no subnet has relative scores) to place against cost."),
+            Heading("Measured speed (median, interquartile range)"),
+            measured_speed(a.efficiency),
+        )
     blocks: list[Block] = [
         PageOnly(
             (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -213,8 +214,31 @@ def test_hf_sweep_writes_results_and_a_report_and_resumes(tmp_path):
     assert manifest["checkpoint_hash"] == load_hf_target(f"hf:{folder}").hash
     assert [s["name"] for s in manifest["subnets"]] == ["full", "k1", "d0.5-w0.5"]
     assert (out / "routing" / "full.json").is_file()
+    eff = pd.read_csv(out / "efficiency.csv").set_index("subnet")
+    # Timed as the ERNIE5 rows are (the KV-cached decoder, every step checked against the peak).
+    assert (eff["status"] == "ok").all(), eff["reason"].tolist()
+    assert (eff["decode_tokens_per_s"] > 0).all() and (eff["prefill_ms"] > 0).all()
+    assert eff.loc["d0.5-w0.5", "active_params"] < eff.loc["full", "active_params"]
     report = build_report(out)
     assert (report / "index.html").is_file() and (report / "summary.md").is_file()
     assert "k1" in (report / "summary.md").read_text()
     s2 = run_sweep(f"hf:{folder}", _suite(tmp_path), out, quiet=True)
     assert s2.reused == 12 and s2.computed == 0
+
+
+def test_hf_timings_go_through_the_same_checks_as_ernie5s(tmp_path):
+    """A clock that makes decoding impossibly fast fails the row with the efficiency module's reason."""
+    from evals.hf_model import efficiency_rows
+    from evals.suite import EfficiencyConfig
+
+    folder = write_tiny(tmp_path / "qwen", "qwen2_moe", steps=0, layers=2, experts=4, hidden=32)
+    target = load_hf_target(f"hf:{folder}")
+    (full,) = target.resolve_specs(["full"])
+    cfg = EfficiencyConfig(enabled=True, prompt_len=8, decode_tokens=4, repeats=1)
+    ticks = iter(range(10**6))
+    (row,) = efficiency_rows(target, [full], cfg, clock=lambda: next(ticks) * 1e-12)
+    assert row["status"] == "failed" and "above" in row["reason"] and "matmul peak" in row["reason"]
+    (row,) = efficiency_rows(target, [full], cfg)
+    assert row["status"] == "ok" and row["threads"] == 1 and row["decode_tokens_per_s"] > 0
+    (row,) = efficiency_rows(target, [full])  # no settings: the counts only
+    assert row["status"] == "failed" and row["reason"].startswith("not measured")
