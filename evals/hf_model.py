@@ -450,9 +450,7 @@ def efficiency_rows(
             "extracted_bytes": None,
         }
         if cfg is None:
-            row.update(
-                {k: nan for k in _TIMING_KEYS}, matmul_peak_flops=nan, status="failed", reason=NO_TIMINGS
-            )
+            row.update(_timing_columns([], [], 1, 1.0, nan), status="failed", reason=NO_TIMINGS)  # all NaN
         else:
             model = HFEvalModel(target, sub, 1, routing=False)
             gen = torch.Generator().manual_seed(0)
@@ -467,16 +465,6 @@ def efficiency_rows(
             row.update(timing)
         rows.append(row)
     return rows
-
-
-_TIMING_KEYS = (
-    "prefill_ms",
-    "prefill_ms_low",
-    "prefill_ms_high",
-    "decode_tokens_per_s",
-    "decode_tokens_per_s_low",
-    "decode_tokens_per_s_high",
-)
 
 
 def _time_greedy(model: HFEvalModel, prompt: list[int], cfg, clock) -> tuple[list[float], list[float]]:

@@ -18,6 +18,7 @@ import pandas as pd
 from ernie5.store.runs import write_atomic
 from reports import drilldown, sections
 from reports.analysis import Analysis, analyze, tables
+from reports.beside import beside_section, beside_table
 from reports.definitions import ABOUT
 from reports.load import Run, load_run
 from reports.render.document import Definitions, Document, Section
@@ -41,16 +42,25 @@ def write_tables(frames: dict[str, pd.DataFrame], folder: Path) -> None:
         write_atomic(folder / f"{name}.json", json.dumps(_jsonable(df), indent=1, default=str) + "\n")
 
 
-def report_document(run: Run, analysis: Analysis, html_path: str) -> Document:
-    """The run report: the answer first (verdicts and the seesaw figure), then the seesaw, efficiency,
-    the units, routing, the drill-down and the definitions; ``html_path`` is named in the overview."""
+def report_document(
+    run: Run, analysis: Analysis, html_path: str, beside: tuple[Run, Analysis] | None = None
+) -> Document:
+    """The run report: the answer first (verdicts and the seesaw figure; with ``beside``, what this
+    model and the other lose first), then the seesaw, efficiency, the units, routing, the drill-down
+    and the definitions; ``html_path`` is named in the overview."""
     m = run.manifest
+    first = (
+        (Section("beside", f"Beside {beside[0].name}", beside_section(run, analysis, *beside)),)
+        if beside is not None
+        else ()
+    )
     return Document(
         f"ERNIE 5 sweep report: {run.name}",
         f"Run {run.name} | suite {m.get('suite', '?')} | checkpoint {m.get('checkpoint', '?')} | "
         f"finished {m.get('finished', '?')}",
         (
             Section("overview", "Overview", sections.overview(run, analysis, html_path)),
+            *first,
             Section("seesaw", "Capability seesaw", sections.seesaw(analysis)),
             Section("efficiency", "Efficiency trade-offs", sections.efficiency(analysis)),
             Section("units", "Units", sections.units(run, analysis)),
@@ -61,12 +71,16 @@ def report_document(run: Run, analysis: Analysis, html_path: str) -> Document:
     )
 
 
-def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+def build_report(
+    run_dir: str | Path, out_dir: str | Path | None = None, beside: str | Path | None = None
+) -> Path:
     """Build the report of a sweep run.
 
     Args:
         run_dir: the run folder (``manifest.json``, ``units/``, ...; see :mod:`evals.results`).
         out_dir: where to write; default ``RUN_DIR/report``.
+        beside: another sweep run folder (another model, e.g. a Hugging Face MoE): the report then
+            opens with what each model loses first under the same cuts (:mod:`reports.beside`).
 
     Returns:
         The report folder (with ``index.html``, ``summary.md``, its figure, ``tables/``).
@@ -77,8 +91,14 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     analysis = analyze(run)
-    write_tables(tables(run, analysis), out / "tables")
-    doc = report_document(run, analysis, str(out / "index.html"))
+    other = None
+    frames = tables(run, analysis)
+    if beside is not None:
+        other_run = load_run(beside)
+        other = (other_run, analyze(other_run))
+        frames["beside"] = beside_table(run, analysis, *other)
+    write_tables(frames, out / "tables")
+    doc = report_document(run, analysis, str(out / "index.html"), beside=other)
     write_figures(doc, out)
     write_atomic(out / "index.html", to_html(doc))
     write_atomic(out / "summary.md", to_markdown(doc))

@@ -19,7 +19,7 @@ def cmd_report(args) -> int:
         check_out(args.out)
     elif Path(args.run_dir).is_dir():
         check_out(Path(args.run_dir) / "report", "report folder")
-    out = build_report(args.run_dir, args.out)
+    out = build_report(args.run_dir, args.out, beside=args.beside)
     print(out / "index.html")
     return 0
 
@@ -29,6 +29,11 @@ def add_report_parser(sub) -> None:
     r = sub.add_parser("report", help="HTML report, Markdown summary and CSV/JSON tables of a sweep run")
     r.add_argument("run_dir", metavar="RUN_DIR", help="sweep run folder (manifest.json, units/, ...)")
     r.add_argument("--out", default=None, help="report folder (default: RUN_DIR/report)")
+    r.add_argument(
+        "--beside",
+        metavar="OTHER_RUN",
+        help="another model's sweep (e.g. a Hugging Face MoE): the report opens with what each loses first",
+    )
     r.set_defaults(fn=cmd_report)
 
 

@@ -235,16 +235,13 @@ def test_bf16_fsdp2_with_prefetch_follows_one_bf16_process():
     """Two processes, FSDP2 + expert parallelism gathering in bf16 (fp32 master shards, fp32
     reduction): every block prefetches the next in the forward and the previous in the backward, and
     the loss and gradients follow one process computing in bf16 on both batches."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from tests.train.pretrain.parallel.test_expert import _free_port
+
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_bf16_worker, args=(port, out), nprocs=2, join=True)
+        mp.spawn(_bf16_worker, args=(_free_port(), out), nprocs=2, join=True)
         res = dict(out)
     for rank in (0, 1):
         r = res[rank]

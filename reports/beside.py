@@ -1,0 +1,118 @@
+"""Two models' seesaws side by side: under the same relative cut, which capability each loses first.
+
+``ernie5 report RUN --beside OTHER_RUN`` (two sweeps, usually of one suite: ernie5's reference and a
+Hugging Face MoE swept with ``--checkpoint hf:PATH``) matches the two runs' sub-models by the share of
+the full model they keep, read from each manifest: depth (kept layers over all), width (experts kept
+per MoE layer over all, mean over the kept MoE layers) and top-k (over the full model's). ``k1`` of a
+top-2 Mixtral and ``k2`` of a top-4 ERNIE5 are both "top-k 50 %". For every cut both runs have, and
+for each run, the tasks are ordered by retention (the report's relative score: chance-normalised with
+a random baseline), lowest first; the first is what that model **loses first** under the cut. Tasks
+the full model does not answer above chance are left out (their retention is noise), as in the
+seesaw's modality averages; so are tasks only one of the runs has.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from reports import formatting as f
+from reports.analysis import Analysis
+from reports.load import Run
+from reports.render.document import Block, Bullets, Heading, Table, Text
+from reports.scores import at_chance
+
+
+def cut_shares(run: Run) -> dict[str, tuple[float, float, float]]:
+    """Subnet -> (depth, width, top-k) kept, as shares of the run's full model (from the manifest)."""
+
+    def depth(s: dict) -> int:  # the kept layers' indices (or their count)
+        return len(s["layers"]) if isinstance(s["layers"], list) else int(s["layers"])
+
+    def experts(s: dict) -> list[int]:  # per kept MoE layer (or one count for all)
+        e = s["experts_per_layer"]
+        return [x for x in (e if isinstance(e, list) else [e]) if x]
+
+    subs = {s["name"]: s for s in run.manifest.get("subnets", [])}
+    full = subs.get("full") or max(subs.values(), key=lambda s: (depth(s), s["top_k"]), default=None)
+    if full is None:
+        return {}
+    widest = max(experts(full), default=0)
+    out = {}
+    for name, s in subs.items():
+        kept = experts(s)
+        width = (sum(kept) / len(kept) / widest) if kept and widest else 1.0
+        out[name] = (round(depth(s) / depth(full), 3), round(width, 3), round(s["top_k"] / full["top_k"], 3))
+    return out
+
+
+def cut_label(shares: tuple[float, float, float]) -> str:
+    """``depth 75% + top-k 50%`` (only the dimensions that are cut; ``full`` for none)."""
+    parts = [
+        f"{what} {f.pct(v)}" for what, v in zip(("depth", "width", "top-k"), shares, strict=True) if v < 1
+    ]
+    return " + ".join(parts) or "full"
+
+
+def losses(analysis: Analysis, tasks: set[str]) -> dict[str, list[tuple[str, float]]]:
+    """Subnet -> ``[(task, retention), ...]`` over ``tasks`` above chance, lowest retention first."""
+    rel = analysis.scores[~at_chance(analysis.scores) & analysis.scores["task"].isin(tasks)]
+    out: dict[str, list[tuple[str, float]]] = {}
+    for sub, group in rel.dropna(subset=["rel"]).groupby("subnet"):
+        out[str(sub)] = sorted(
+            ((str(t), float(r)) for t, r in zip(group["task"], group["rel"], strict=True)), key=lambda x: x[1]
+        )
+    return out
+
+
+def beside_table(run: Run, analysis: Analysis, other: Run, other_analysis: Analysis) -> pd.DataFrame:
+    """One row per cut both runs have (the full models left out): each run's sub-model, the task it
+    loses first with its retention, and its whole order."""
+    ours, theirs = cut_shares(run), cut_shares(other)
+
+    def usable(a: Analysis) -> set[str]:
+        return set(a.scores.loc[~at_chance(a.scores), "task"])
+
+    tasks = usable(analysis) & usable(other_analysis)
+    lost, lost_other = losses(analysis, tasks), losses(other_analysis, tasks)
+    by_share = {v: k for k, v in theirs.items()}
+    rows = []
+    for name, shares in ours.items():
+        match = by_share.get(shares)
+        if match is None or shares == (1.0, 1.0, 1.0):
+            continue
+        row = {"cut": cut_label(shares)}
+        for label, sub, table in ((run.name, name, lost), (other.name, match, lost_other)):
+            order = table.get(sub, [])
+            row[f"{label}: subnet"] = sub
+            row[f"{label}: loses first"] = f"{order[0][0]} ({f.pct(order[0][1])})" if order else "-"
+            row[f"{label}: order"] = " < ".join(t for t, _ in order)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def beside_section(run: Run, analysis: Analysis, other: Run, other_analysis: Analysis) -> tuple[Block, ...]:
+    """The report section: the rule, the table, and one sentence per cut."""
+    table = beside_table(run, analysis, other, other_analysis)
+    ours, theirs = (f"{r.name} ({r.manifest.get('checkpoint', '?')})" for r in (run, other))
+    who = f"{ours} and {theirs}"
+    if not len(table):
+        return (
+            Text(
+                f"{who}: no sub-model of one keeps the same share of depth, width and top-k as one of "
+                "the other's, or no task is above chance in both."
+            ),
+        )
+    lines = [
+        f"**{row['cut']}**: {run.name} loses {row[f'{run.name}: loses first']} first, "
+        f"{other.name} loses {row[f'{other.name}: loses first']} first."
+        for _, row in table.iterrows()
+    ]
+    return (
+        Text(
+            f"{who}, sub-models matched by the share of the full model they keep; retention "
+            f"{analysis.retention}, lowest first, over the tasks both full models answer above chance."
+        ),
+        Bullets(tuple(lines), callout=True, title="What each model loses first"),
+        Heading("Order of loss per cut"),
+        Table(table),
+    )
