@@ -64,28 +64,43 @@ def losses(analysis: Analysis, tasks: set[str]) -> dict[str, list[tuple[str, flo
     return out
 
 
-def beside_table(run: Run, analysis: Analysis, other: Run, other_analysis: Analysis) -> pd.DataFrame:
-    """One row per cut both runs have (the full models left out): each run's sub-model, the task it
-    loses first with its retention, and its whole order."""
+def matched_cuts(run: Run, other: Run) -> list[tuple[str, str]]:
+    """``(our subnet, their subnet)`` pairs, the full models left out: the same spec name in both runs
+    (a relative spec such as ``d0.75`` asks both for the same cut, whatever their layer counts round
+    to), then sub-models of different names that keep the same shares."""
     ours, theirs = cut_shares(run), cut_shares(other)
+    pairs = [(n, n) for n in ours if n in theirs and ours[n] != (1.0, 1.0, 1.0)]
+    by_share = {v: k for k, v in theirs.items() if k not in ours}
+    pairs += [(n, by_share[v]) for n, v in ours.items() if n not in theirs and v in by_share]
+    return pairs
+
+
+def common_tasks(analysis: Analysis, other_analysis: Analysis) -> set[str]:
+    """The tasks both full models answer above chance (with a score in both runs)."""
 
     def usable(a: Analysis) -> set[str]:
         return set(a.scores.loc[~at_chance(a.scores), "task"])
 
-    tasks = usable(analysis) & usable(other_analysis)
+    return usable(analysis) & usable(other_analysis)
+
+
+def beside_table(run: Run, analysis: Analysis, other: Run, other_analysis: Analysis) -> pd.DataFrame:
+    """One row per matched cut: its shares in each run, each run's sub-model, the task it loses first
+    with its retention, and its whole order (lowest retention first)."""
+    ours, theirs = cut_shares(run), cut_shares(other)
+    tasks = common_tasks(analysis, other_analysis)
     lost, lost_other = losses(analysis, tasks), losses(other_analysis, tasks)
-    by_share = {v: k for k, v in theirs.items()}
     rows = []
-    for name, shares in ours.items():
-        match = by_share.get(shares)
-        if match is None or shares == (1.0, 1.0, 1.0):
-            continue
-        row = {"cut": cut_label(shares)}
-        for label, sub, table in ((run.name, name, lost), (other.name, match, lost_other)):
+    for mine, match in matched_cuts(run, other):
+        label = cut_label(ours[mine])
+        if theirs[match] != ours[mine]:
+            label += f" ({other.name}: {cut_label(theirs[match])})"
+        row = {"cut": label}
+        for who, sub, table in ((run.name, mine, lost), (other.name, match, lost_other)):
             order = table.get(sub, [])
-            row[f"{label}: subnet"] = sub
-            row[f"{label}: loses first"] = f"{order[0][0]} ({f.pct(order[0][1])})" if order else "-"
-            row[f"{label}: order"] = " < ".join(t for t, _ in order)
+            row[f"{who}: subnet"] = sub
+            row[f"{who}: loses first"] = f"{order[0][0]} ({f.pct(order[0][1])})" if order else "-"
+            row[f"{who}: order"] = " < ".join(t for t, _ in order)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -96,11 +111,19 @@ def beside_section(run: Run, analysis: Analysis, other: Run, other_analysis: Ana
     ours, theirs = (f"{r.name} ({r.manifest.get('checkpoint', '?')})" for r in (run, other))
     who = f"{ours} and {theirs}"
     if not len(table):
+        return (Text(f"{who}: no sub-model of one matches one of the other's (same spec or same shares)."),)
+    if not common_tasks(analysis, other_analysis):
+
+        def above(a: Analysis) -> str:
+            return ", ".join(sorted(set(a.scores.loc[~at_chance(a.scores), "task"]))) or "none"
+
         return (
             Text(
-                f"{who}: no sub-model of one keeps the same share of depth, width and top-k as one of "
-                "the other's, or no task is above chance in both."
+                f"{who}: no task is answered above chance by both full models, so neither loss order "
+                f"means anything yet (above chance: {run.name}: {above(analysis)}; {other.name}: "
+                f"{above(other_analysis)})."
             ),
+            Table(table),
         )
     lines = [
         f"**{row['cut']}**: {run.name} loses {row[f'{run.name}: loses first']} first, "

@@ -55,3 +55,12 @@ def test_each_cut_names_what_each_model_loses_first(tmp_path):
     assert "**top-k 25.0%**: ours loses" in summary and "theirs loses image_qa (" in summary
     assert (report / "tables" / "beside.csv").is_file()
     assert summary.index("## Beside theirs") < summary.index("## Capability seesaw")  # the answer first
+
+
+def test_a_model_at_chance_everywhere_gets_no_loss_order_but_a_reason(tmp_path):
+    ours = write_run(tmp_path, "ours", baseline=True)
+    theirs = write_run(tmp_path, "theirs", baseline=True, chance=("text", "image", "audio"))
+    report = build_report(ours, tmp_path / "report", beside=theirs)
+    summary = (report / "summary.md").read_text()
+    assert "no task is answered above chance by both full models" in summary
+    assert "theirs: none)" in summary
