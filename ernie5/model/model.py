@@ -80,6 +80,23 @@ class ModelOutput:
     """The codes fed between layers at every prediction position (targets, or sampled)."""
 
 
+@torch.no_grad()
+def init_parameter_(name: str, p: torch.Tensor, cfg: ModelConfig) -> None:
+    """The initial value of parameter ``name`` of an :class:`Ernie5Model`, in place: Normal(0,
+    init_std) for weights and embeddings (residual output projections scaled by 1/sqrt(2L)); norm
+    weights 1; biases 0. Shared by the one-process model and the sharded init of a parallel run
+    (``train.pretrain.parallel.init``), which draws each full tensor in the same order."""
+    std = cfg.init_std
+    if name.endswith("bias"):
+        nn.init.zeros_(p)
+    elif p.dim() == 1 and "norm" in name:
+        nn.init.ones_(p)  # RMSNorm / LayerNorm weights
+    elif name.endswith(("wo.weight", "w2.weight", "ffn.w2")):
+        nn.init.normal_(p, std=std / math.sqrt(2 * cfg.n_layers))
+    else:
+        nn.init.normal_(p, std=std)
+
+
 class Ernie5Model(nn.Module):
     """Decoder-only unified backbone with elastic sub-models."""
 
@@ -101,19 +118,16 @@ class Ernie5Model(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) for weights and embeddings (residual output projections scaled by
-        1/sqrt(2L)); norm weights 1; biases 0."""
-        std = self.cfg.init_std
-        out_std = std / math.sqrt(2 * self.cfg.n_layers)
+        """Every parameter by :func:`init_parameter_`, in ``named_parameters`` order (one draw stream
+        from the global RNG), then the buffers (:meth:`reset_buffers`)."""
         for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif p.dim() == 1 and "norm" in name:
-                nn.init.ones_(p)  # RMSNorm / LayerNorm weights
-            elif name.endswith(("wo.weight", "w2.weight", "ffn.w2")):
-                nn.init.normal_(p, std=out_std)
-            else:
-                nn.init.normal_(p, std=std)
+            init_parameter_(name, p, self.cfg)
+        self.reset_buffers()
+
+    @torch.no_grad()
+    def reset_buffers(self) -> None:
+        """The router biases 0 and the rotary frequencies recomputed (what a model made on the meta
+        device and materialised with ``to_empty`` needs besides its parameters)."""
         for m in self.modules():
             if isinstance(m, MoE):
                 m.router_bias.zero_()

@@ -101,6 +101,7 @@ from train.pretrain.data import MixtureStream, open_sources, tokenizer_corpus
 from train.pretrain.elastic import sample_subnet
 from train.pretrain.media import load_audio_codec, load_refiner, load_vision_tokenizer, with_speech_encoder
 from train.pretrain.parallel import checkpoint as parallel_ckpt
+from train.pretrain.parallel.init import init_shards, meta_model, one_process_model
 from train.pretrain.parallel.shard import make_sharded_optimizer, parallelize
 from train.pretrain.precision import MixedPrecision
 from train.pretrain.prefetch import PrefetchStream, TrainKeys
@@ -223,10 +224,15 @@ class Trainer:
                 tok.save(tok_path)
             self._barrier()
             self.tokenizer = TextTokenizer.load(tok_path)
-            torch.manual_seed(cfg.train.seed)
-            self.model = Ernie5Model(cfg.model)
+            # Made on the meta device and initialised from the seed: in one process here, in a
+            # parallel run shard by shard after parallelize (train.pretrain.parallel.init).
+            self.model = (
+                meta_model(cfg.model) if self.dist.world > 1 else one_process_model(cfg.model, cfg.train.seed)
+            )
         self.model.train()
-        self.model.to(self.device)
+        on_meta = next(self.model.parameters()).is_meta
+        if not on_meta:
+            self.model.to(self.device)
         self.balance_ema: dict[str, float] = {}
         pcfg = cfg.train.parallel
         self.bf16 = cfg.train.dtype == "bf16"
@@ -242,6 +248,9 @@ class Trainer:
                 device=self.device.type,
                 param_dtype=torch.bfloat16 if self.bf16 else None,
             )
+            if on_meta:  # each process materialises and initialises its own shards only
+                self.model.to_empty(device=self.device)
+                init_shards(self.model, cfg.model, cfg.train.seed, self.par.meshes.experts)
             self.compute = self.model
             self.optimizer = make_sharded_optimizer(self.model, cfg.optim)
         else:

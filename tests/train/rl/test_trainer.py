@@ -101,14 +101,14 @@ def _records(run: Path) -> list[dict]:
 def test_a_tiny_run_raises_its_reward(micro_ckpt, tmp_path):
     cfg = _cfg(
         micro_ckpt,
-        rl=RLLoopConfig(steps=16, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=100),
+        rl=RLLoopConfig(steps=20, init_from=str(micro_ckpt), dtype="fp32", ckpt_every=100),
         optim=replace(RLRunConfig().optim, lr=3e-3),
         objective=ObjectiveConfig(loss="grpo", minibatches=1, ahrl=False, wpsm=False),
         rollout=RolloutConfig(queries_per_step=8, group_size=8, chunk=4, pool_size=0),
     )
     RLTrainer(cfg, tmp_path / "rl", {"toy": ToyVerifier()}, quiet=True).run()
     rewards = [r["reward"] for r in _records(tmp_path / "rl")]
-    assert len(rewards) == 16
+    assert len(rewards) == 20
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.15, rewards
 
 
@@ -282,12 +282,17 @@ def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal(micro_
     trainer.run()
     recs = _records(tmp_path / "rl")
     assert len(trained) == 3
+    filled = 0
     for rewards, rec in zip(trained, recs, strict=True):
-        if rewards.shape[0] == 3:  # filled: every group carries signal
-            assert torch.all(rewards.amax(-1) != rewards.amin(-1)), rewards
+        signal = rewards.amax(-1) != rewards.amin(-1)
+        if rec["dynamic_dropped_frac"] < 1.0:  # groups with signal were found: only they train
+            assert torch.all(signal), rewards
+            filled += rewards.shape[0] == 3
+        else:  # none in any of the batches: the last batch as it is (advantages all 0)
+            assert rec["dynamic_batches"] == 6 and not torch.any(signal)
         assert rec["dynamic_batches"] >= 2 and rec["dynamic_dropped_frac"] >= 0.5 - 1e-9
         assert rec["rows_by_task"]["toy"] == rewards.numel()
-    assert any(r.shape[0] == 3 for r in trained)
+    assert filled >= 1
 
 
 @pytest.mark.parametrize("loss", ["grpo_icepop", "gspo_icepop"])
