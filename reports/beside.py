@@ -6,7 +6,8 @@ the full model they keep, read from each manifest: depth (kept layers over all),
 per MoE layer over all, mean over the kept MoE layers) and top-k (over the full model's). ``k1`` of a
 top-2 Mixtral and ``k2`` of a top-4 ERNIE5 are both "top-k 50 %". For every cut both runs have, and
 for each run, the tasks are ordered by retention (the report's relative score: chance-normalised with
-a random baseline), lowest first; the first is what that model **loses first** under the cut. Tasks
+a random baseline), lowest first; the first is what that model **loses first** under the cut (nothing,
+when even it keeps :data:`KEPT` of its score). Tasks
 the full model does not answer above chance are left out (their retention is noise), as in the
 seesaw's modality averages; so are tasks only one of the runs has.
 """
@@ -64,6 +65,18 @@ def losses(analysis: Analysis, tasks: set[str]) -> dict[str, list[tuple[str, flo
     return out
 
 
+KEPT = 0.95
+"""A retention at or above this is not a loss: under a cut whose every task keeps it, nothing is lost."""
+
+
+def lost_first(order: list[tuple[str, float]]) -> str:
+    """``task (retention)`` of the lowest retention, or ``nothing`` when even that is >= :data:`KEPT`."""
+    if not order:
+        return "-"
+    task, rel = order[0]
+    return f"nothing (lowest {task} {f.pct(rel)})" if rel >= KEPT else f"{task} ({f.pct(rel)})"
+
+
 def matched_cuts(run: Run, other: Run) -> list[tuple[str, str]]:
     """``(our subnet, their subnet)`` pairs, the full models left out: the same spec name in both runs
     (a relative spec such as ``d0.75`` asks both for the same cut, whatever their layer counts round
@@ -99,7 +112,7 @@ def beside_table(run: Run, analysis: Analysis, other: Run, other_analysis: Analy
         for who, sub, table in ((run.name, mine, lost), (other.name, match, lost_other)):
             order = table.get(sub, [])
             row[f"{who}: subnet"] = sub
-            row[f"{who}: loses first"] = f"{order[0][0]} ({f.pct(order[0][1])})" if order else "-"
+            row[f"{who}: loses first"] = lost_first(order)
             row[f"{who}: order"] = " < ".join(t for t, _ in order)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -125,9 +138,15 @@ def beside_section(run: Run, analysis: Analysis, other: Run, other_analysis: Ana
             ),
             Table(table),
         )
+
+    def phrase(name: str, lost: str) -> str:
+        if lost.startswith("nothing"):
+            return f"{name} keeps every task ({lost.removeprefix('nothing (').rstrip(')')})"
+        return f"{name} loses {lost} first"
+
     lines = [
-        f"**{row['cut']}**: {run.name} loses {row[f'{run.name}: loses first']} first, "
-        f"{other.name} loses {row[f'{other.name}: loses first']} first."
+        f"**{row['cut']}**: {phrase(run.name, row[f'{run.name}: loses first'])}, "
+        f"{phrase(other.name, row[f'{other.name}: loses first'])}."
         for _, row in table.iterrows()
     ]
     return (
