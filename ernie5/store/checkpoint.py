@@ -10,6 +10,11 @@ Layout of a checkpoint directory::
     train_state.json           optional (exact resume): JSON train state + optimizer structure
     meta.json                  caller's metadata + ``format`` + ``files`` (sha256 and size of
                                every other file); written last, its presence means complete
+    train_state.dcp/           a parallel run's checkpoint instead of model.safetensors: every
+                               process's shards of the model and AdamW state, written with
+                               ``torch.distributed.checkpoint`` (``train.pretrain.parallel.checkpoint``);
+                               loaded here into one process (the weights only), or consolidated
+                               into model.safetensors by ``ernie5 export``
 
 Run folders keep their checkpoints under ``checkpoints/step_XXXXXXXX/``.
 
@@ -68,6 +73,8 @@ REFINER_FILES = ("refiner.safetensors", "refiner.yaml")
 AUDIO_CODEC_FILES = ("audio_codec.safetensors", "audio_codec.yaml")
 SPEECH_ENCODER_FILES = ("speech_encoder.safetensors", "speech_encoder.yaml")
 """The speech-content encoder attached to the codec (models with ``audio.content_dim > 0``)."""
+SHARDS_DIR = "train_state.dcp"
+"""The sharded state of a parallel run's checkpoint (in place of ``model.safetensors``)."""
 RESERVED_FILES = (
     MODEL_FILE,
     CONFIG_FILE,
@@ -205,7 +212,8 @@ def _plain_relative(name: Any) -> bool:
 
 
 def _check_files(path: Path, files: dict[str, dict[str, Any]], verify: bool) -> None:
-    for name in (MODEL_FILE, CONFIG_FILE, *files):
+    sharded = any(name.startswith(f"{SHARDS_DIR}/") for name in files) and MODEL_FILE not in files
+    for name in (*(() if sharded else (MODEL_FILE,)), CONFIG_FILE, *files):
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: missing {name}")
         if name not in files:
@@ -288,6 +296,33 @@ def _load_model(file: Path, cfg: ModelConfig, device: str, dtype: torch.dtype | 
         ref = dict(Ernie5Model(cfg).named_buffers())
         for name in unknown:
             _set_tensor(model, [name], ref[name].to(device))
+    return model
+
+
+def _load_sharded_model(folder: Path, cfg: ModelConfig, device: torch.device, dtype) -> Ernie5Model:
+    """A parallel run's weights from its shards, into one process: DCP reads whatever slices this
+    process's plain tensors cover (all of them), under the one-process names the run saved them with
+    (``model.<name>``, ``train.pretrain.parallel.checkpoint``)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with torch.device("meta"):
+        model = Ernie5Model(cfg)
+    model.to_empty(device=device)
+    model.reset_buffers()  # the RoPE table; the router biases are read below
+    state = {"model": model.state_dict()}
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    except Exception as e:  # noqa: BLE001 - any reader failure is this checkpoint's fault
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        raise CheckpointError(f"{folder}: cannot read the model's shards ({why})") from None
+    if dtype is not None:
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
     return model
 
 
@@ -398,6 +433,7 @@ def save_checkpoint(
     refiner: Any = None,
     audio_codec: Any = None,
     extra_dirs: dict[str, Path] | None = None,
+    weights: bool = True,
 ) -> Path:
     """Write a checkpoint directory atomically (replacing ``path`` if it exists).
 
@@ -418,6 +454,9 @@ def save_checkpoint(
         extra_dirs: ``{name: folder}``: folders MOVED into the checkpoint as ``name`` (e.g. a
             parallel run's sharded train state, ``train.pretrain.parallel.checkpoint``), their files
             covered by the manifest as ``name/<relative path>``.
+        weights: write ``model.safetensors``; False for a parallel run's checkpoint, whose weights
+            are its shards (``extra_dirs`` must then hold :data:`SHARDS_DIR`; ``model`` gives the
+            config only and may be on the meta device).
 
     Returns:
         ``path``.
@@ -433,6 +472,8 @@ def save_checkpoint(
         json.dumps(meta, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"meta is not JSON-serialisable: {e}") from None
+    if not weights and SHARDS_DIR not in (extra_dirs or {}):
+        raise ValueError(f"weights=False needs the shards: extra_dirs must hold {SHARDS_DIR!r}")
     extra_files = extra_files or {}
     for name in extra_files:
         if name in RESERVED_FILES or not name or name.startswith(".") or Path(name).name != name:
@@ -449,9 +490,10 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        alias = _aliases(model)
-        weights = {k: v for k, v in model.state_dict().items() if k not in alias}
-        _write_tensors(tmp / MODEL_FILE, weights, metadata={"format": "pt"})
+        if weights:
+            alias = _aliases(model)
+            tensors = {k: v for k, v in model.state_dict().items() if k not in alias}
+            _write_tensors(tmp / MODEL_FILE, tensors, metadata={"format": "pt"})
         _write_bytes(tmp / CONFIG_FILE, dump(model.cfg).encode())
         if tokenizer is not None:
             _write_bytes(tmp / TOKENIZER_FILE, tokenizer.to_str().encode())
@@ -501,6 +543,7 @@ def load_checkpoint(
     dtype: torch.dtype | None = None,
     verify: bool = True,
     fast: bool = True,
+    weights: bool = True,
 ) -> Checkpoint:
     """Load a checkpoint directory written by :func:`save_checkpoint`, without unpickling.
 
@@ -514,6 +557,9 @@ def load_checkpoint(
         verify: check every file's size and sha256 against ``meta.json`` first.
         fast: apply :func:`ernie5.fast.apply_fast_paths` to the model (False: the eager maths,
             e.g. for a trainer that applies them to its own compute copy).
+        weights: False gives the model on the meta device, nothing read into it (a parallel
+            trainer resuming loads its own shards); a parallel run's checkpoint (no
+            ``model.safetensors``) is otherwise read from its shards into this one process.
 
     Raises:
         CheckpointError: missing directory or file, a file that fails verification or parsing, an
@@ -539,7 +585,13 @@ def load_checkpoint(
             raise CheckpointError(
                 f"{path / TOKENIZER_FILE}: {tokenizer.vocab_size} tokens > vocab_size={cfg.vocab_size}"
             )
-    model = _load_model(path / MODEL_FILE, cfg, str(torch.device(device)), dtype)
+    if not weights:
+        with torch.device("meta"):
+            model = Ernie5Model(cfg)
+    elif (path / MODEL_FILE).is_file():
+        model = _load_model(path / MODEL_FILE, cfg, str(torch.device(device)), dtype)
+    else:
+        model = _load_sharded_model(path / SHARDS_DIR, cfg, torch.device(device), dtype)
     if fast:
         apply_fast_paths(model)
     vision_tok = (
@@ -739,3 +791,20 @@ def checkpoint_hash(path: str | Path) -> str:
         if name not in TRAIN_FILES:
             h.update(f"{name}\0{files[name]['sha256']}\n".encode())
     return h.hexdigest()[:12]
+
+
+def export_checkpoint(source: str | Path, out: str | Path) -> Path:
+    """A consolidated copy of checkpoint ``source`` at ``out``: ``model.safetensors`` (read from a
+    parallel run's shards where it has no such file), config, tokenizer, media models and the
+    caller's metadata, without any train state (``ernie5 export``)."""
+    ckpt = load_checkpoint(source, fast=False)
+    meta = {k: v for k, v in ckpt.meta.items() if k not in ("format", "files", "train_state")}
+    return save_checkpoint(
+        out,
+        ckpt.model,
+        tokenizer=ckpt.tokenizer,
+        meta={**meta, "exported_from": str(ckpt.path)},
+        vision_tokenizer=ckpt.vision_tokenizer,
+        refiner=ckpt.refiner,
+        audio_codec=ckpt.audio_codec,
+    )

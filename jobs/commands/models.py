@@ -70,6 +70,28 @@ def add_extract_parser(sub) -> None:
     e.set_defaults(fn=cmd_extract)
 
 
+def cmd_export(args) -> int:
+    """``ernie5 export``."""
+    from ernie5.store.checkpoint import export_checkpoint
+
+    out = check_out(args.out)
+    if out.exists():
+        raise CLIError(f"--out {out} already exists; choose a new folder (nothing is overwritten)")
+    print(export_checkpoint(args.checkpoint, out))
+    return 0
+
+
+def add_export_parser(sub) -> None:
+    """``ernie5 export``."""
+    e = sub.add_parser(
+        "export",
+        help="a consolidated copy of a checkpoint (model.safetensors; a parallel run's from its shards)",
+    )
+    e.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder")
+    e.add_argument("--out", required=True, help="new checkpoint folder")
+    e.set_defaults(fn=cmd_export)
+
+
 def cmd_generate(args) -> int:
     """``ernie5 generate``."""
     from ernie5.generation.text import generate_text
@@ -260,5 +282,6 @@ def add_parsers(sub) -> None:
     """This module's commands, in ``ernie5 --help`` order."""
     add_params_parser(sub)
     add_extract_parser(sub)
+    add_export_parser(sub)
     add_generate_parser(sub)
     add_bench_parser(sub)

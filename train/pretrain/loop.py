@@ -209,7 +209,10 @@ class Trainer:
             )
         tok_path = self.run_dir / "tokenizer.json"
         if self.resume_dir is not None:
-            resumed = load_checkpoint(self.resume_dir, fast=False)
+            # A parallel run resuming its own shards reads them into its shards (in _resume_train_state):
+            # the model stays on the meta device until then.
+            sharded = self.dist.world > 1 and (self.resume_dir / parallel_ckpt.DCP_DIR).is_dir()
+            resumed = load_checkpoint(self.resume_dir, fast=False, weights=not sharded)
             self._adopt(resumed)
         elif cfg.train.init_from:
             self._init_from(cfg.train.init_from, tok_path)
@@ -248,9 +251,12 @@ class Trainer:
                 device=self.device.type,
                 param_dtype=torch.bfloat16 if self.bf16 else None,
             )
-            if on_meta:  # each process materialises and initialises its own shards only
+            if on_meta:  # each process materialises and initialises (or resumes) its own shards only
                 self.model.to_empty(device=self.device)
-                init_shards(self.model, cfg.model, cfg.train.seed, self.par.meshes.experts)
+                if self.resume_dir is None:
+                    init_shards(self.model, cfg.model, cfg.train.seed, self.par.meshes.experts)
+                else:
+                    self.model.reset_buffers()  # the RoPE table; the shards hold the rest
             self.compute = self.model
             self.optimizer = make_sharded_optimizer(self.model, cfg.optim)
         else:
@@ -534,8 +540,8 @@ class Trainer:
 
     def _checkpoint_sharded(self, step: int) -> None:
         """Every process writes its shards (``train.pretrain.parallel.checkpoint``) into a hidden folder;
-        the main process then publishes the checkpoint with the consolidated weights, the shards
-        moved inside it, atomically."""
+        the main process then publishes the checkpoint around them, atomically. Nothing is gathered:
+        the weights are the shards (``ernie5 export`` consolidates them)."""
         root = self.run_dir / "checkpoints"
         shards = root / f".step_{step:08d}.dcp-tmp"
         if self.dist.main:
@@ -543,14 +549,12 @@ class Trainer:
         self._barrier()
         mesh = self.par.meshes.experts
         parallel_ckpt.save_train_state(shards, self.model, self.optimizer, mesh)
-        full = parallel_ckpt.full_model_state(self.model, mesh)
         if self.dist.main:
-            plain = Ernie5Model(self.cfg.model)
-            plain.load_state_dict({k: v.to("cpu", torch.float32) for k, v in full.items()})
             state = {"step": step, "balance_ema": self.balance_ema, "world_size": self.dist.world}
             save_checkpoint(
                 checkpoint_dir(self.run_dir, step),
-                plain,
+                meta_model(self.cfg.model),  # the config; the weights are the shards
+                weights=False,
                 tokenizer=self.tokenizer,
                 meta={
                     **provenance(self.cfg.train.seed),

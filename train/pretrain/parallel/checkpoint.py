@@ -1,10 +1,12 @@
 """Checkpoints of runs over several processes: sharded, and readable at any world size.
 
-A parallel run's checkpoint is the usual checkpoint folder (``ernie5.store.checkpoint``: the
-consolidated ``model.safetensors`` the rest of the project reads, tokenizer, frozen media models,
-``meta.json``), plus ``train_state.dcp/``: the model and AdamW state written by every process for
-its own shards with ``torch.distributed.checkpoint`` (DCP). The run's step and loss-balance state
-are in ``meta.json`` (``train_state``).
+A parallel run's checkpoint is the usual checkpoint folder (``ernie5.store.checkpoint``: config,
+tokenizer, frozen media models, ``meta.json``) with ``train_state.dcp/`` in place of
+``model.safetensors``: the model and AdamW state written by every process for its own shards with
+``torch.distributed.checkpoint`` (DCP), so no process ever gathers the whole model to checkpoint.
+Whatever loads it in one process (a sweep, ``init_from``) reads the weights from the shards;
+``ernie5 export`` writes the consolidated ``model.safetensors``. The run's step and loss-balance
+state are in ``meta.json`` (``train_state``).
 
 DCP keys are the one-process model's names (``model.<param>``, ``optim.<param>.<exp_avg|exp_avg_sq
 |step>``) and every tensor is described in its GLOBAL shape: FSDP2's parameters are DTensors
@@ -30,9 +32,10 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+from ernie5.store.checkpoint import SHARDS_DIR
 from train.pretrain.parallel.expert import LocalExperts
 
-DCP_DIR = "train_state.dcp"
+DCP_DIR = SHARDS_DIR
 
 
 def _global_view(name: str, p: torch.Tensor, model: nn.Module, expert_mesh) -> tuple[str, torch.Tensor]:
@@ -145,12 +148,3 @@ def load_full_optimizer_state(
             target.to_local().copy_(mine.to_local())
         else:
             target.copy_(src)
-
-
-@torch.no_grad()
-def full_model_state(model: nn.Module, expert_mesh=None) -> dict[str, torch.Tensor]:
-    """The consolidated one-process state dict (collective: every process must call it)."""
-    out = {}
-    for name, t in model_state(model, expert_mesh).items():
-        out[name] = t.full_tensor() if isinstance(t, DTensor) else t.detach()
-    return out

@@ -70,3 +70,52 @@ def test_checkpoint_folder_carries_the_shards_in_its_manifest(tmp_path):
         assert "train_state.dcp/.metadata" in str(e)
     else:
         raise AssertionError("a corrupted shard file must fail verification")
+
+
+def _train_worker(rank: int, port: int, out_dir: str) -> None:
+    """One process of a 2-process ``ernie5 train`` (FSDP2 + EP over gloo) that may never gather a
+    full tensor: ``DTensor.full_tensor`` and ``redistribute`` raise."""
+    import os
+
+    from torch.distributed.tensor import DTensor
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2"
+    )
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a full tensor was gathered")
+
+    DTensor.full_tensor = refuse
+    DTensor.redistribute = refuse
+    from train.pretrain.loop import pretrain
+
+    sets = ["train.steps=2", "train.ckpt_every=2", "data.tokenizer_chars=20000", "train.threads=1"]
+    sets += ["train.parallel.ep=2", "train.dtype=fp32"]
+    pretrain(load(RunConfig, resolve_config_path("micro"), sets), out_dir, quiet=True)
+
+
+def test_a_parallel_checkpoint_gathers_nothing_and_loads_and_exports_in_one_process(tmp_path):
+    """A 2-process run writes its checkpoint as shards only (no process holds the full state); one
+    process then reads the weights from the shards, and ``ernie5 export`` consolidates them into
+    ``model.safetensors`` with the same weights."""
+    import torch.multiprocessing as mp
+
+    from ernie5.store.checkpoint import MODEL_FILE, SHARDS_DIR, checkpoint_dirs, checkpoint_hash
+    from jobs.cli import main
+    from tests.train.pretrain.parallel.test_expert import _free_port
+
+    run = tmp_path / "run"
+    mp.spawn(_train_worker, args=(_free_port(), str(run)), nprocs=2, join=True)
+    (ckpt,) = checkpoint_dirs(run)
+    assert (ckpt / SHARDS_DIR).is_dir() and not (ckpt / MODEL_FILE).exists()
+    loaded = load_checkpoint(ckpt, fast=False)
+    assert checkpoint_hash(ckpt)
+    out = tmp_path / "export"
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(out)]) == 0
+    assert (out / MODEL_FILE).is_file() and not (out / SHARDS_DIR).exists()
+    exported = load_checkpoint(out, fast=False)
+    a, b = loaded.model.state_dict(), exported.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert exported.tokenizer is not None and exported.meta["exported_from"] == str(ckpt)
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(out)]) == 2  # never overwritten
