@@ -74,7 +74,9 @@ def _cli(args: list[str], limit: int | None = None) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
-MODES = ["tmpfs", "limit"]
+MODES = ["tmpfs", pytest.param("limit", marks=pytest.mark.slow)]
+"""A real full filesystem (tmpfs) in the default run; the file-size limit (RLIMIT_FSIZE, the same
+ENOSPC path) in the slow one, to keep the default run within its budget."""
 
 
 @pytest.fixture(params=MODES)

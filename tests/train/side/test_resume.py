@@ -243,6 +243,7 @@ def test_a_fresh_run_clears_old_metrics_and_bad_settings_are_refused(tmp_path):
         ResumeConfig(grace_s=0)
 
 
+@pytest.mark.slow  # a real subprocess end to end; the in-process tests above cover the resume exactly
 def test_sigterm_to_a_real_side_trainer_then_the_same_command_continues(tmp_path, no_data):
     """A real ``SIGTERM`` to ``ernie5 train-vision-tokenizer`` mid-run: exit 143 with one line and a
     resume state; the same command then finishes with the weights of an uninterrupted run."""
