@@ -126,24 +126,52 @@ def time_generation(
 ) -> tuple[list[float], list[float]]:
     """Prefill seconds (one per repeat) and decoding-step seconds (``decode_tokens - 1`` per repeat)
     of greedy ``generate`` calls, after one untimed warm-up call."""
-    sync = synchronizer(next(runner.parameters()).device)
+
+    def run(mark: Callable[[], None]) -> None:
+        generate(runner, [prompt_ids], decode_tokens, subnet=subnet, on_forward=lambda *_: mark())
+
+    return time_forwards(run, next(runner.parameters()).device, repeats, clock)
+
+
+def time_forwards(
+    run: Callable[[Callable[[], None]], None], device: torch.device, repeats: int, clock: Callable[[], float]
+) -> tuple[list[float], list[float]]:
+    """Prefill and decoding-step seconds of ``repeats`` calls of ``run(mark)`` (after one untimed
+    warm-up call), where ``run`` decodes greedily and calls ``mark()`` after every forward: the first
+    mark ends the prefill, each later one a decoding step (the device synchronised at every mark)."""
+    sync = synchronizer(device)
     prefill: list[float] = []
     steps: list[float] = []
     for rep in range(repeats + 1):
         marks: list[float] = []
 
-        def on_forward(_out, _real, marks: list[float] = marks) -> None:
+        def mark(marks: list[float] = marks) -> None:
             sync()
             marks.append(clock())
 
         sync()
         start = clock()
-        generate(runner, [prompt_ids], decode_tokens, subnet=subnet, on_forward=on_forward)
+        run(mark)
         if rep == 0 or not marks:
             continue
         prefill.append(marks[0] - start)
         steps.extend(b - a for a, b in zip(marks, marks[1:]))
     return prefill, steps
+
+
+def timing_columns(
+    time_once: Callable[[], tuple[list[float], list[float]]],
+    prompt_len: int,
+    flops_per_token: float,
+    peak_flops: float,
+) -> dict:
+    """The timing columns of a row from ``time_once()`` (raw prefill and step seconds), measured
+    again up to :data:`MAX_ATTEMPTS` times until they pass the checks (the module docstring)."""
+    for _ in range(MAX_ATTEMPTS):
+        timing = _timing_columns(*time_once(), prompt_len, flops_per_token, peak_flops)
+        if timing["status"] == "ok":
+            break
+    return timing
 
 
 def measure(
@@ -212,15 +240,12 @@ def measure(
             peak_flops = machine_matmul_peak(str(first.device), first.dtype, threads or 0)
         repeats = max(cfg.repeats, MIN_REPEATS)
         with num_threads(threads):
-            for _ in range(MAX_ATTEMPTS):
-                prefill_s, step_s = time_generation(
-                    runner, prompt.tolist(), cfg.decode_tokens, run_sub, repeats, clock
-                )
-                timing = _timing_columns(
-                    prefill_s, step_s, cfg.prompt_len, rep.matmul_flops_per_token, peak_flops
-                )
-                if timing["status"] == "ok":
-                    break
+            timing = timing_columns(
+                lambda: time_generation(runner, prompt.tolist(), cfg.decode_tokens, run_sub, repeats, clock),
+                cfg.prompt_len,
+                rep.matmul_flops_per_token,
+                peak_flops,
+            )
         row.update(timing, threads=threads)
         if on_cuda:
             row["peak_memory_mb"] = torch.cuda.max_memory_allocated(first.device) / 2**20

@@ -424,7 +424,14 @@ def efficiency_rows(
     a ``prompt_len``-token prompt, ``decode_tokens`` greedy tokens through the KV-cached decoder,
     every step timed, the same checks and retries) on the masked model (Deviations 2)."""
     from ernie5.runtime.threads import num_threads
-    from evals.efficiency import CPU_THREADS, MAX_ATTEMPTS, _timing_columns, machine_matmul_peak
+    from evals.efficiency import (
+        CPU_THREADS,
+        MIN_REPEATS,
+        _timing_columns,
+        machine_matmul_peak,
+        time_forwards,
+        timing_columns,
+    )
 
     clock = clock or time.perf_counter
     nan = math.nan
@@ -432,6 +439,13 @@ def efficiency_rows(
     on_cpu = first.device.type == "cpu"
     threads = CPU_THREADS if on_cpu else None
     peak = machine_matmul_peak(str(first.device), first.dtype, threads or 0) if cfg is not None else nan
+    repeats = max(cfg.repeats, MIN_REPEATS) if cfg is not None else 0
+    vocab = int(target.model.config.vocab_size)
+    prompt_len = cfg.prompt_len if cfg is not None else 0
+    prompt = torch.randint(
+        min(16, vocab - 1), vocab, (prompt_len,), generator=torch.Generator().manual_seed(0)
+    )
+    prompt = prompt.tolist()
     rows = []
     for sub in subnets:
         total, active = param_counts(target.model, sub, target.cfg)
@@ -453,41 +467,18 @@ def efficiency_rows(
             row.update(_timing_columns([], [], 1, 1.0, nan), status="failed", reason=NO_TIMINGS)  # all NaN
         else:
             model = HFEvalModel(target, sub, 1, routing=False)
-            gen = torch.Generator().manual_seed(0)
-            vocab = int(target.model.config.vocab_size)
-            prompt = torch.randint(min(16, vocab - 1), vocab, (cfg.prompt_len,), generator=gen).tolist()
+
+            def run(mark, model=model) -> None:
+                model._greedy(prompt, cfg.decode_tokens, (), None, mark, stop_at_eos=False)
+
             with num_threads(threads):
-                for _ in range(MAX_ATTEMPTS):
-                    prefill, steps = _time_greedy(model, prompt, cfg, clock)
-                    timing = _timing_columns(prefill, steps, cfg.prompt_len, 2 * active, peak)
-                    if timing["status"] == "ok":
-                        break
-            row.update(timing)
+                row.update(
+                    timing_columns(
+                        lambda run=run: time_forwards(run, first.device, repeats, clock),
+                        cfg.prompt_len,
+                        2 * active,
+                        peak,
+                    )
+                )
         rows.append(row)
     return rows
-
-
-def _time_greedy(model: HFEvalModel, prompt: list[int], cfg, clock) -> tuple[list[float], list[float]]:
-    """Prefill seconds (one per repeat) and decoding-step seconds of greedy decoding, after one
-    untimed warm-up call (as :func:`evals.efficiency.time_generation` times ERNIE5's)."""
-    from ernie5.bench.timing import synchronizer
-    from evals.efficiency import MIN_REPEATS
-
-    sync = synchronizer(model.device)
-    prefill: list[float] = []
-    steps: list[float] = []
-    for rep in range(max(cfg.repeats, MIN_REPEATS) + 1):
-        marks: list[float] = []
-
-        def on_forward(marks: list[float] = marks) -> None:
-            sync()
-            marks.append(clock())
-
-        sync()
-        start = clock()
-        model._greedy(prompt, cfg.decode_tokens, (), None, on_forward, stop_at_eos=False)
-        if rep == 0 or not marks:
-            continue
-        prefill.append(marks[0] - start)
-        steps.extend(b - a for a, b in zip(marks, marks[1:], strict=False))
-    return prefill, steps
