@@ -435,12 +435,7 @@ def _lock(run_dir: Path, dist) -> RunLock | None:
             remove_leftovers(run_dir)
         except Exception as e:  # noqa: BLE001 - every process raises it below
             error = e
-    if dist.world > 1:
-        import torch.distributed
-
-        box = [error]
-        torch.distributed.broadcast_object_list(box, src=0)
-        error = box[0]
+    error = dist.broadcast(error)
     if error is not None:
         if lock is not None:
             lock.release()

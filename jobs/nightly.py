@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ernie5.data.root import resolve_data_dir
-from ernie5.runtime.distributed import Dist, init_dist
+from ernie5.runtime.distributed import init_dist
 
 NIGHTLY_CHECKPOINT = "reference"
 """The model the main job sweeps when no checkpoint is given: the shipped reference."""
@@ -53,7 +53,8 @@ def run_nightly(
     t0 = time.perf_counter()
     data_dir = resolve_data_dir(data_dir)
     dist = init_dist()
-    out = Path(out or _shared(dist, Path("runs") / f"nightly-{time.strftime('%Y%m%d-%H%M%S')}"))
+    # Every process of a launch takes process 0's time stamp for the default run folder.
+    out = Path(out or dist.broadcast(Path("runs") / f"nightly-{time.strftime('%Y%m%d-%H%M%S')}"))
     if checkpoint is None:
         checkpoint = NIGHTLY_CHECKPOINT
     summary = run_sweep(
@@ -94,14 +95,3 @@ def run_nightly(
     (out / "nightly.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return result
-
-
-def _shared(dist: Dist, value):
-    """Process 0's ``value`` on every process of a launch (the default run folder's time stamp)."""
-    if dist.world == 1:
-        return value
-    import torch.distributed
-
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]

@@ -25,6 +25,14 @@ class Dist:
         if self.world > 1:
             torch.distributed.barrier()
 
+    def broadcast(self, value):
+        """Process 0's ``value`` (any picklable object) on every process (``value`` itself for one)."""
+        if self.world == 1:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
 
 def process_group_backend(cuda: bool) -> str:
     """The ``torch.distributed`` backend of a run's process group: gloo on a CPU-only machine; with

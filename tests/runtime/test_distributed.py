@@ -58,3 +58,8 @@ def test_cuda_index_out_of_range_is_a_clear_error():
     with pytest.raises(ValueError, match=f"sees {n} GPU"):
         pick_device(f"cuda:{n}")
     assert pick_device(f"cuda:{n - 1}") == torch.device("cuda", n - 1)
+
+
+def test_one_process_broadcast_is_the_value_itself():
+    value = {"out": "runs/nightly-1"}
+    assert Dist().broadcast(value) is value
