@@ -299,12 +299,21 @@ def _load_model(file: Path, cfg: ModelConfig, device: str, dtype: torch.dtype | 
     return model
 
 
+@contextmanager
+def quiet_dcp() -> Iterator[None]:
+    """``torch.distributed.checkpoint`` warns that it assumes one process whenever no process group is
+    up; reading or writing shards in one process is the intent."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
 def _load_sharded_model(folder: Path, cfg: ModelConfig, device: torch.device, dtype) -> Ernie5Model:
     """A parallel run's weights from its shards, into one process: DCP reads whatever slices this
     process's plain tensors cover (all of them), under the one-process names the run saved them with
     (``model.<name>``, ``train.pretrain.parallel.checkpoint``)."""
-    import warnings
-
     import torch.distributed.checkpoint as dcp
 
     with torch.device("meta"):
@@ -313,8 +322,7 @@ def _load_sharded_model(folder: Path, cfg: ModelConfig, device: torch.device, dt
     model.reset_buffers()  # the RoPE table; the router biases are read below
     state = {"model": model.state_dict()}
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        with quiet_dcp():
             dcp.load(state, checkpoint_id=str(folder), no_dist=True)
     except Exception as e:  # noqa: BLE001 - any reader failure is this checkpoint's fault
         why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"

@@ -553,7 +553,7 @@ class Trainer:
             state = {"step": step, "balance_ema": self.balance_ema, "world_size": self.dist.world}
             save_checkpoint(
                 checkpoint_dir(self.run_dir, step),
-                meta_model(self.cfg.model),  # the config; the weights are the shards
+                self.model,  # its config only: the weights are the shards
                 weights=False,
                 tokenizer=self.tokenizer,
                 meta={

@@ -23,8 +23,6 @@ References:
 
 from __future__ import annotations
 
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,7 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from ernie5.store.checkpoint import SHARDS_DIR
+from ernie5.store.checkpoint import SHARDS_DIR, quiet_dcp
 from train.pretrain.parallel.expert import LocalExperts
 
 DCP_DIR = SHARDS_DIR
@@ -104,7 +102,7 @@ def save_train_state(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, expert_mesh=None
 ) -> None:
     """Every process writes its shards of the run's state into ``path`` (collective)."""
-    with _quiet():
+    with quiet_dcp():
         dcp.save(train_state(model, optimizer, expert_mesh), checkpoint_id=str(path), no_dist=_no_dist())
 
 
@@ -114,16 +112,8 @@ def load_train_state(
     """Load ``path`` (written at any world size) into this process's shards of ``model`` and
     ``optimizer``, in place (collective when a process group is up)."""
     state = train_state(model, optimizer, expert_mesh)
-    with _quiet():
+    with quiet_dcp():
         dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
-
-
-@contextmanager
-def _quiet():
-    """DCP warns that it assumes one process whenever no process group is up: that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        yield
 
 
 def _no_dist() -> bool:
