@@ -14,6 +14,8 @@ seesaw's modality averages; so are tasks only one of the runs has.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from reports import formatting as f
@@ -88,73 +90,102 @@ def matched_cuts(run: Run, other: Run) -> list[tuple[str, str]]:
     return pairs
 
 
-def common_tasks(analysis: Analysis, other_analysis: Analysis) -> set[str]:
-    """The tasks both full models answer above chance (with a score in both runs)."""
-
-    def usable(a: Analysis) -> set[str]:
-        return set(a.scores.loc[~at_chance(a.scores), "task"])
-
-    return usable(analysis) & usable(other_analysis)
+def above_chance(analysis: Analysis) -> set[str]:
+    """The tasks the run's full model answers above chance (all scored tasks without a baseline)."""
+    return set(analysis.scores.loc[~at_chance(analysis.scores), "task"])
 
 
-def beside_table(run: Run, analysis: Analysis, other: Run, other_analysis: Analysis) -> pd.DataFrame:
-    """One row per matched cut: its shares in each run, each run's sub-model, the task it loses first
-    with its retention, and its whole order (lowest retention first)."""
+@dataclass(frozen=True)
+class Cut:
+    """One matched cut: its label, and per run (ours, theirs) the sub-model and its loss order."""
+
+    label: str
+    subnets: tuple[str, str]
+    orders: tuple[list[tuple[str, float]], list[tuple[str, float]]]
+
+
+@dataclass(frozen=True)
+class Beside:
+    """Two runs compared cut by cut (:func:`compare`)."""
+
+    names: tuple[str, str]
+    who: str
+    """Both runs with their checkpoints, for the section's first sentence."""
+    above: tuple[set[str], set[str]]
+    """Per run, the tasks its full model answers above chance."""
+    retention: str
+    cuts: list[Cut]
+
+    @property
+    def common(self) -> set[str]:
+        """The tasks both full models answer above chance: the ones the loss orders range over."""
+        return self.above[0] & self.above[1]
+
+    def table(self) -> pd.DataFrame:
+        """One row per cut: each run's sub-model, what it loses first (with its retention) and its
+        whole order, lowest retention first."""
+        rows = []
+        for cut in self.cuts:
+            row = {"cut": cut.label}
+            for who, sub, order in zip(self.names, cut.subnets, cut.orders, strict=True):
+                row[f"{who}: subnet"] = sub
+                row[f"{who}: loses first"] = lost_first(order)
+                row[f"{who}: order"] = " < ".join(t for t, _ in order)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def compare(run: Run, analysis: Analysis, other: Run, other_analysis: Analysis) -> Beside:
+    """The matched cuts of ``run`` and ``other`` with both loss orders over the common tasks."""
     ours, theirs = cut_shares(run), cut_shares(other)
-    tasks = common_tasks(analysis, other_analysis)
+    above = (above_chance(analysis), above_chance(other_analysis))
+    tasks = above[0] & above[1]
     lost, lost_other = losses(analysis, tasks), losses(other_analysis, tasks)
-    rows = []
+    cuts = []
     for mine, match in matched_cuts(run, other):
         label = cut_label(ours[mine])
         if theirs[match] != ours[mine]:
             label += f" ({other.name}: {cut_label(theirs[match])})"
-        row = {"cut": label}
-        for who, sub, table in ((run.name, mine, lost), (other.name, match, lost_other)):
-            order = table.get(sub, [])
-            row[f"{who}: subnet"] = sub
-            row[f"{who}: loses first"] = lost_first(order)
-            row[f"{who}: order"] = " < ".join(t for t, _ in order)
-        rows.append(row)
-    return pd.DataFrame(rows)
+        cuts.append(Cut(label, (mine, match), (lost.get(mine, []), lost_other.get(match, []))))
+    who = " and ".join(f"{r.name} ({r.manifest.get('checkpoint', '?')})" for r in (run, other))
+    return Beside((run.name, other.name), who, above, analysis.retention, cuts)
 
 
-def beside_section(run: Run, analysis: Analysis, other: Run, other_analysis: Analysis) -> tuple[Block, ...]:
-    """The report section: the rule, the table, and one sentence per cut."""
-    table = beside_table(run, analysis, other, other_analysis)
-    ours, theirs = (f"{r.name} ({r.manifest.get('checkpoint', '?')})" for r in (run, other))
-    who = f"{ours} and {theirs}"
-    if not len(table):
-        return (Text(f"{who}: no sub-model of one matches one of the other's (same spec or same shares)."),)
-    if not common_tasks(analysis, other_analysis):
+def beside_table(run: Run, analysis: Analysis, other: Run, other_analysis: Analysis) -> pd.DataFrame:
+    """:meth:`Beside.table` of :func:`compare`."""
+    return compare(run, analysis, other, other_analysis).table()
 
-        def above(a: Analysis) -> str:
-            return ", ".join(sorted(set(a.scores.loc[~at_chance(a.scores), "task"]))) or "none"
 
+def _phrase(name: str, order: list[tuple[str, float]]) -> str:
+    if order and order[0][1] >= KEPT:
+        return f"{name} keeps every task (lowest {order[0][0]} {f.pct(order[0][1])})"
+    return f"{name} loses {lost_first(order)} first"
+
+
+def beside_section(beside: Beside) -> tuple[Block, ...]:
+    """The report section: the rule, one sentence per cut, and the table."""
+    b = beside
+    if not b.cuts:
+        return (Text(f"{b.who}: no sub-model of one matches one of the other's (same spec or same shares)."),)
+    if not b.common:
+        ours, theirs = (", ".join(sorted(a)) or "none" for a in b.above)
         return (
             Text(
-                f"{who}: no task is answered above chance by both full models, so neither loss order "
-                f"means anything yet (above chance: {run.name}: {above(analysis)}; {other.name}: "
-                f"{above(other_analysis)})."
+                f"{b.who}: no task is answered above chance by both full models, so neither loss order "
+                f"means anything yet (above chance: {b.names[0]}: {ours}; {b.names[1]}: {theirs})."
             ),
-            Table(table),
+            Table(b.table()),
         )
-
-    def phrase(name: str, lost: str) -> str:
-        if lost.startswith("nothing"):
-            return f"{name} keeps every task ({lost.removeprefix('nothing (').rstrip(')')})"
-        return f"{name} loses {lost} first"
-
     lines = [
-        f"**{row['cut']}**: {phrase(run.name, row[f'{run.name}: loses first'])}, "
-        f"{phrase(other.name, row[f'{other.name}: loses first'])}."
-        for _, row in table.iterrows()
+        f"**{cut.label}**: {_phrase(b.names[0], cut.orders[0])}, {_phrase(b.names[1], cut.orders[1])}."
+        for cut in b.cuts
     ]
     return (
         Text(
-            f"{who}, sub-models matched by the share of the full model they keep; retention "
-            f"{analysis.retention}, lowest first, over the tasks both full models answer above chance."
+            f"{b.who}, sub-models matched by the share of the full model they keep; retention "
+            f"{b.retention}, lowest first, over the tasks both full models answer above chance."
         ),
         Bullets(tuple(lines), callout=True, title="What each model loses first"),
         Heading("Order of loss per cut"),
-        Table(table),
+        Table(b.table()),
     )

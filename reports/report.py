@@ -18,7 +18,7 @@ import pandas as pd
 from ernie5.store.runs import write_atomic
 from reports import drilldown, sections
 from reports.analysis import Analysis, analyze, tables
-from reports.beside import beside_section, beside_table
+from reports.beside import Beside, beside_section, compare
 from reports.definitions import ABOUT
 from reports.load import Run, load_run
 from reports.render.document import Definitions, Document, Section
@@ -42,15 +42,13 @@ def write_tables(frames: dict[str, pd.DataFrame], folder: Path) -> None:
         write_atomic(folder / f"{name}.json", json.dumps(_jsonable(df), indent=1, default=str) + "\n")
 
 
-def report_document(
-    run: Run, analysis: Analysis, html_path: str, beside: tuple[Run, Analysis] | None = None
-) -> Document:
+def report_document(run: Run, analysis: Analysis, html_path: str, beside: Beside | None = None) -> Document:
     """The run report: the answer first (verdicts and the seesaw figure; with ``beside``, what this
     model and the other lose first), then the seesaw, efficiency, the units, routing, the drill-down
     and the definitions; ``html_path`` is named in the overview."""
     m = run.manifest
     first = (
-        (Section("beside", f"Beside {beside[0].name}", beside_section(run, analysis, *beside)),)
+        (Section("beside", f"Beside {beside.names[1]}", beside_section(beside)),)
         if beside is not None
         else ()
     )
@@ -91,14 +89,14 @@ def build_report(
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     analysis = analyze(run)
-    other = None
     frames = tables(run, analysis)
+    side = None
     if beside is not None:
-        other_run = load_run(beside)
-        other = (other_run, analyze(other_run))
-        frames["beside"] = beside_table(run, analysis, *other)
+        other = load_run(beside)
+        side = compare(run, analysis, other, analyze(other))
+        frames["beside"] = side.table()
     write_tables(frames, out / "tables")
-    doc = report_document(run, analysis, str(out / "index.html"), beside=other)
+    doc = report_document(run, analysis, str(out / "index.html"), beside=side)
     write_figures(doc, out)
     write_atomic(out / "index.html", to_html(doc))
     write_atomic(out / "summary.md", to_markdown(doc))
