@@ -312,14 +312,14 @@ def run_recipe(
             quiet,
         ),
     )
-    side_models = [  # the backbone and its anneals read the stages above, frozen (and train on ``device``)
+    backbone_sets = [  # the backbone and its anneals read the stages above, frozen
         f"data.vision_tokenizer={out / 'vision' / 'tokenizer_3d'}",
         f"data.audio_codec={out / 'codec' / 'codec'}",
         f"data.speech_encoder={out / 'speech' / 'encoder'}",
     ]
     # Not recorded as an override: a stage may resume on another device (train.pretrain's may_change).
-    side_models += [f"train.device={device}"] if device is not None else []
-    bcfg = load(RunConfig, resolve_config_path(PRESET), [*side_models, *extra["backbone"]])
+    backbone_sets += [f"train.device={device}"] if device is not None else []
+    bcfg = load(RunConfig, resolve_config_path(PRESET), [*backbone_sets, *extra["backbone"]])
     backbone = out / "backbone"
     timed("backbone", dump(bcfg), lambda: _train_run(bcfg, backbone, data_dir, quiet))
 
@@ -331,7 +331,7 @@ def run_recipe(
                 RunConfig,
                 resolve_config_path(PRESET),
                 [
-                    *side_models,
+                    *backbone_sets,
                     f"train.init_from={start}",
                     *ANNEAL_OVERRIDES,
                     *mix_overrides,
@@ -358,7 +358,7 @@ def run_recipe(
     cont_cfg = load(
         RunConfig,
         resolve_config_path(PRESET),
-        [*side_models, f"train.init_from={soup1}", *CONTINUE_OVERRIDES, *extra["continue"]],
+        [*backbone_sets, f"train.init_from={soup1}", *CONTINUE_OVERRIDES, *extra["continue"]],
     )
     continued = out / "continue"
     timed("continue", dump(cont_cfg), lambda: _train_run(cont_cfg, continued, data_dir, quiet))

@@ -77,6 +77,32 @@ def _junit(path: Path) -> list[dict]:
     return tests
 
 
+def _text(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
+
+
+def _test_checks(out: Path, name: str, rc: int) -> list[dict]:
+    """Every test of a pytest step, plus one failure when the step left no complete JUnit report."""
+    junit = out / f"junit_{name}.xml"
+    checks = _junit(junit) if junit.is_file() else []
+    if not junit.is_file() or rc in (124, 137):
+        why = "killed at its cap" if rc in (124, 137) else f"exit {rc}"
+        checks.append({"id": name, "outcome": "failed", "message": f"{why}, no complete JUnit report"})
+    return checks
+
+
+def _bench_check(out: Path, name: str, rc: int) -> tuple[dict, dict | None]:
+    """A benchmark step: passed when it exited 0 and printed JSON (its figures), else failed."""
+    try:
+        figures = json.loads(_text(out / f"{name}.out")) if rc == 0 else None
+    except json.JSONDecodeError:
+        figures = None
+    if figures is not None:
+        return {"id": name, "outcome": "passed", "message": ""}, figures
+    last = _text(out / f"{name}.err").strip().splitlines()[-1:]
+    return {"id": name, "outcome": "failed", "message": f"exit {rc}: {''.join(last)}"[:300]}, None
+
+
 def verdict(out: Path) -> int:
     steps = _steps(out)
     checks: list[dict] = []
@@ -84,39 +110,14 @@ def verdict(out: Path) -> int:
     for step in steps:
         name, rc = step["name"], step["rc"]
         if name.startswith("tests_"):
-            junit = out / f"junit_{name}.xml"
-            if junit.is_file():
-                checks += _junit(junit)
-            why = "killed at its cap" if rc in (124, 137) else f"exit {rc}"
-            if not junit.is_file() or rc in (124, 137):
-                checks.append(
-                    {"id": name, "outcome": "failed", "message": f"{why}, no complete JUnit report"}
-                )
-            continue
-        text = (out / f"{name}.out").read_text() if (out / f"{name}.out").is_file() else ""
-        if name == "install":
-            outcome = (
-                "skipped" if rc == 0 and text.startswith(NO_WHEELS) else ("passed" if rc == 0 else "failed")
-            )
+            checks += _test_checks(out, name, rc)
+        elif name == "install":
+            text = _text(out / f"{name}.out")
+            outcome = "failed" if rc else ("skipped" if text.startswith(NO_WHEELS) else "passed")
             checks.append({"id": name, "outcome": outcome, "message": text.strip()[:300]})
-            continue
-        try:
-            figures[name] = json.loads(text) if rc == 0 else None
-        except json.JSONDecodeError:
-            figures[name] = None
-        ok = figures[name] is not None
-        err = (
-            (out / f"{name}.err").read_text().strip().splitlines()[-1:]
-            if (out / f"{name}.err").is_file()
-            else []
-        )
-        checks.append(
-            {
-                "id": name,
-                "outcome": "passed" if ok else "failed",
-                "message": "" if ok else f"exit {rc}: {''.join(err)}"[:300],
-            }
-        )
+        else:
+            check, figures[name] = _bench_check(out, name, rc)
+            checks.append(check)
     goals = {}
     for goal, (step, read, target, higher) in GOALS.items():
         value = None
